@@ -1,0 +1,272 @@
+//! Applying one flush group's mutations to the tree, copy-on-write.
+//!
+//! Every node on a changed path is rewritten at a newly allocated address; the old addresses
+//! are collected in `freed` and returned to the allocator by the caller once the new root is
+//! durable and unreferenced. Nodes are split evenly when they overflow and dropped when they
+//! become empty, so all leaves stay at the same depth.
+
+use super::{child_index, Loader, NodeSource, Root, Stop};
+use crate::error::{Error, Result};
+use crate::format::node::{Node, CHILD_ENTRY_BYTES, LEVEL_MAX, NODE_PAYLOAD_BYTES};
+use crate::format::record::{Element, Key, Payload};
+use crate::format::NODE_BYTES;
+use crate::space::{Purpose, Space};
+use std::sync::Arc;
+
+/// One change to the tree.
+#[derive(Clone, Debug)]
+pub enum Mutation {
+    /// Insert a new element; its key must not exist.
+    Insert(Element),
+    /// Set `delete_tid` of an existing live element (history kept).
+    MarkDeleted(Key),
+    /// Remove an existing element and free its extent (history off, or prune).
+    Remove(Key),
+}
+
+impl Mutation {
+    pub fn key(&self) -> Key {
+        match self {
+            Mutation::Insert(e) => e.key,
+            Mutation::MarkDeleted(k) | Mutation::Remove(k) => *k,
+        }
+    }
+}
+
+pub struct CommitContext<'a> {
+    pub loader: Loader<'a>,
+    pub space: &'a Space,
+    pub tid: u64,
+    /// Ranges (offset, bytes) no longer referenced by the new tree.
+    pub freed: Vec<(u64, u64)>,
+    /// Node blocks to write, by address.
+    pub writes: Vec<(u64, Vec<u8>)>,
+}
+
+impl CommitContext<'_> {
+    fn fetch(&self, address: u64, level: u8) -> Result<Arc<Node>> {
+        match self.loader.node(address, level) {
+            Ok(node) => Ok(node),
+            Err(Stop::Fail(e)) => Err(e),
+            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
+        }
+    }
+
+    fn write_node(&mut self, node: Node) -> Result<(Key, u64)> {
+        let first = node.first_key().expect("written nodes are never empty");
+        let address = self.space.allocate(NODE_BYTES as u64, Purpose::Metadata)?;
+        let bytes = node.encode(self.loader.volume_id, self.tid, address);
+        self.writes.push((address, bytes));
+        self.loader.cache.insert(address, Arc::new(node));
+        Ok((first, address))
+    }
+
+    /// Writes all pending node blocks, merging adjacent ones into single device writes.
+    pub fn write_out(&mut self) -> Result<()> {
+        self.writes.sort_by_key(|(address, _)| *address);
+        let mut run_start = 0u64;
+        let mut run: Vec<u8> = Vec::new();
+        for (address, bytes) in std::mem::take(&mut self.writes) {
+            if !run.is_empty() && run_start + run.len() as u64 != address {
+                self.loader.device.write_at(&run, run_start)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = address;
+            }
+            run.extend_from_slice(&bytes);
+        }
+        if !run.is_empty() {
+            self.loader.device.write_at(&run, run_start)?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies `mutations` (sorted by key, unique keys) to the tree under `root`.
+pub fn apply(ctx: &mut CommitContext<'_>, root: Root, mutations: &[Mutation]) -> Result<Root> {
+    debug_assert!(mutations.windows(2).all(|w| w[0].key() < w[1].key()));
+    if mutations.is_empty() {
+        return Ok(root);
+    }
+    let mut level = root.level;
+    let mut nodes = if root.address == 0 {
+        level = 0;
+        apply_leaf(ctx, Vec::new(), mutations)?
+    } else {
+        apply_node(ctx, root.address, root.level, mutations)?
+    };
+    if nodes.is_empty() {
+        return Ok(Root::EMPTY);
+    }
+    while nodes.len() > 1 {
+        if level >= LEVEL_MAX {
+            return Err(Error::corrupt("tree too deep", "commit"));
+        }
+        level += 1;
+        nodes = build_internal(ctx, level, nodes)?;
+    }
+    let (_, mut address) = nodes[0];
+    // A root with a single child is redundant: descend.
+    while level > 0 {
+        let node = ctx.fetch(address, level)?;
+        let Node::Internal { children, .. } = &*node else {
+            break;
+        };
+        if children.len() != 1 {
+            break;
+        }
+        ctx.freed.push((address, NODE_BYTES as u64));
+        address = children[0].1;
+        level -= 1;
+    }
+    Ok(Root { address, level })
+}
+
+fn apply_node(
+    ctx: &mut CommitContext<'_>,
+    address: u64,
+    level: u8,
+    mutations: &[Mutation],
+) -> Result<Vec<(Key, u64)>> {
+    let node = ctx.fetch(address, level)?;
+    ctx.freed.push((address, NODE_BYTES as u64));
+    ctx.loader.cache.remove(address);
+    match &*node {
+        Node::Leaf(elements) => apply_leaf(ctx, elements.clone(), mutations),
+        Node::Internal { children, .. } => {
+            let mut new_children: Vec<(Key, u64)> = Vec::with_capacity(children.len() + 4);
+            let mut rest = mutations;
+            let mut index = 0;
+            while index < children.len() {
+                // Mutations for child `index` are those below the next child's first key.
+                let upper = children.get(index + 1).map(|c| c.0);
+                let take = match upper {
+                    Some(upper) => rest.partition_point(|m| m.key() < upper),
+                    None => rest.len(),
+                };
+                let (mine, others) = rest.split_at(take);
+                rest = others;
+                if mine.is_empty() {
+                    new_children.push(children[index]);
+                } else {
+                    new_children.extend(apply_node(ctx, children[index].1, level - 1, mine)?);
+                }
+                index += 1;
+                // Skip straight to the child holding the next mutation.
+                if let Some(next) = rest.first() {
+                    let jump = child_index(children, &next.key()).max(index);
+                    new_children.extend_from_slice(&children[index..jump]);
+                    index = jump;
+                } else {
+                    new_children.extend_from_slice(&children[index..]);
+                    break;
+                }
+            }
+            debug_assert!(new_children.windows(2).all(|w| w[0].0 < w[1].0));
+            if new_children.is_empty() {
+                return Ok(Vec::new());
+            }
+            build_internal(ctx, level, new_children)
+        }
+    }
+}
+
+fn apply_leaf(
+    ctx: &mut CommitContext<'_>,
+    elements: Vec<Element>,
+    mutations: &[Mutation],
+) -> Result<Vec<(Key, u64)>> {
+    let mut merged: Vec<Element> = Vec::with_capacity(elements.len() + mutations.len());
+    let mut old = elements.into_iter().peekable();
+    for mutation in mutations {
+        let key = mutation.key();
+        while old.peek().is_some_and(|e| e.key < key) {
+            merged.push(old.next().expect("peeked"));
+        }
+        let existing = old.next_if(|e| e.key == key);
+        match (mutation, existing) {
+            (Mutation::Insert(element), None) => merged.push(element.clone()),
+            (Mutation::MarkDeleted(_), Some(mut element)) if element.delete_tid == 0 => {
+                element.delete_tid = ctx.tid;
+                merged.push(element);
+            }
+            (Mutation::Remove(_), Some(element)) => {
+                if let Payload::Extent(extent) = element.payload {
+                    ctx.freed.push((extent.offset, extent.allocated_bytes()));
+                }
+            }
+            (mutation, existing) => {
+                return Err(Error::corrupt(
+                    format!("commit cannot apply {mutation:?} to {existing:?}"),
+                    format!("key {key:?}"),
+                ))
+            }
+        }
+    }
+    merged.extend(old);
+    let mut out = Vec::new();
+    for group in split_even(merged, Element::encoded_bytes, NODE_PAYLOAD_BYTES) {
+        out.push(ctx.write_node(Node::Leaf(group))?);
+    }
+    Ok(out)
+}
+
+fn build_internal(
+    ctx: &mut CommitContext<'_>,
+    level: u8,
+    children: Vec<(Key, u64)>,
+) -> Result<Vec<(Key, u64)>> {
+    let mut out = Vec::new();
+    for group in split_even(children, |_| CHILD_ENTRY_BYTES, NODE_PAYLOAD_BYTES) {
+        out.push(ctx.write_node(Node::Internal {
+            level,
+            children: group,
+        })?);
+    }
+    Ok(out)
+}
+
+/// Splits `items` into the fewest groups that fit `capacity`, of roughly equal size.
+fn split_even<T>(items: Vec<T>, size: impl Fn(&T) -> usize, capacity: usize) -> Vec<Vec<T>> {
+    if items.is_empty() {
+        return Vec::new();
+    }
+    let total: usize = items.iter().map(&size).sum();
+    let groups = total.div_ceil(capacity).max(1);
+    let target = total.div_ceil(groups);
+    let mut out = Vec::with_capacity(groups + 1);
+    let mut current = Vec::new();
+    let mut current_bytes = 0;
+    for item in items {
+        let bytes = size(&item);
+        let full = current_bytes + bytes > capacity || current_bytes >= target;
+        if full && !current.is_empty() {
+            out.push(std::mem::take(&mut current));
+            current_bytes = 0;
+        }
+        current_bytes += bytes;
+        current.push(item);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_even;
+
+    #[test]
+    fn split_even_fits_capacity() {
+        for n in [1usize, 5, 100, 1000] {
+            let items: Vec<usize> = (0..n).map(|i| 10 + i % 90).collect();
+            let groups = split_even(items.clone(), |x| *x, 1000);
+            assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), n);
+            for g in &groups {
+                assert!(g.iter().sum::<usize>() <= 1000);
+            }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The one index: a copy-on-write B+tree of `Element`s ordered by
+//! (obj, rtype, key, create_tid). Readers walk an immutable root; a commit writes new nodes
+//! for every changed path and publishes a new root (see `commit`).
+
+pub mod cache;
+pub mod commit;
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::format::node::Node;
+use crate::format::record::{Element, Key};
+use crate::format::{VolumeId, NODE_BYTES};
+use cache::NodeCache;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A tree root: address of the root node (0 = empty tree) and its level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Root {
+    pub address: u64,
+    pub level: u8,
+}
+
+impl Root {
+    pub const EMPTY: Root = Root {
+        address: 0,
+        level: 0,
+    };
+}
+
+/// Something an operation needs from the device before it can go on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Need {
+    Node { address: u64, level: u8 },
+    Extent(crate::format::record::ExtentRef),
+}
+
+/// Why an operation stopped: it needs I/O first (retry after loading), or it failed.
+#[derive(Debug)]
+pub enum Stop {
+    Need(Need),
+    Fail(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Fail(e)
+    }
+}
+
+pub type Step<T> = std::result::Result<T, Stop>;
+
+/// Where tree walks get nodes from.
+pub trait NodeSource {
+    fn node(&self, address: u64, level: u8) -> Step<Arc<Node>>;
+}
+
+/// Reads nodes from the device on a cache miss. Used where no lock is held.
+pub struct Loader<'a> {
+    pub device: &'a dyn Device,
+    pub cache: &'a NodeCache,
+    pub volume_id: VolumeId,
+}
+
+impl Loader<'_> {
+    pub fn load(&self, address: u64, level: u8) -> Result<Arc<Node>> {
+        if let Some(node) = self.cache.get(address) {
+            if node.level() != level {
+                return Err(Error::corrupt(
+                    "node level differs from parent's",
+                    address_of(address),
+                ));
+            }
+            return Ok(node);
+        }
+        let mut buf = vec![0u8; NODE_BYTES];
+        self.device.read_at(&mut buf, address)?;
+        let (node, _tid) = Node::decode(&buf, &self.volume_id, address, Some(level))?;
+        let node = Arc::new(node);
+        self.cache.insert(address, node.clone());
+        Ok(node)
+    }
+}
+
+impl NodeSource for Loader<'_> {
+    fn node(&self, address: u64, level: u8) -> Step<Arc<Node>> {
+        Ok(self.load(address, level)?)
+    }
+}
+
+/// Serves only what is in memory (cache, or nodes pinned for this operation); reports a miss
+/// as `Stop::Need` so the caller can drop its locks, load, and retry.
+pub struct CacheOnly<'a> {
+    pub cache: &'a NodeCache,
+    pub pinned: &'a HashMap<u64, Arc<Node>>,
+}
+
+impl NodeSource for CacheOnly<'_> {
+    fn node(&self, address: u64, level: u8) -> Step<Arc<Node>> {
+        let node = self
+            .pinned
+            .get(&address)
+            .cloned()
+            .or_else(|| self.cache.get(address));
+        match node {
+            Some(node) if node.level() == level => Ok(node),
+            Some(_) => Err(Stop::Fail(Error::corrupt(
+                "node level differs from parent's",
+                address_of(address),
+            ))),
+            None => Err(Stop::Need(Need::Node { address, level })),
+        }
+    }
+}
+
+pub fn address_of(address: u64) -> String {
+    format!("node at byte {address}")
+}
+
+/// Index of the child whose subtree may hold `key`.
+fn child_index(children: &[(Key, u64)], key: &Key) -> usize {
+    children
+        .partition_point(|(first, _)| first <= key)
+        .saturating_sub(1)
+}
+
+/// Visits every element with `lo <= key <= hi` in key order until `visit` returns false.
+pub fn range(
+    source: &dyn NodeSource,
+    root: Root,
+    lo: &Key,
+    hi: &Key,
+    visit: &mut dyn FnMut(&Element) -> bool,
+) -> Step<bool> {
+    if root.address == 0 {
+        return Ok(true);
+    }
+    walk(source, root.address, root.level, lo, hi, visit)
+}
+
+fn walk(
+    source: &dyn NodeSource,
+    address: u64,
+    level: u8,
+    lo: &Key,
+    hi: &Key,
+    visit: &mut dyn FnMut(&Element) -> bool,
+) -> Step<bool> {
+    let node = source.node(address, level)?;
+    match &*node {
+        Node::Leaf(elements) => {
+            let start = elements.partition_point(|e| e.key < *lo);
+            for element in &elements[start..] {
+                if element.key > *hi {
+                    return Ok(false);
+                }
+                if !visit(element) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        Node::Internal { children, .. } => {
+            let start = child_index(children, lo);
+            for (first, child) in &children[start..] {
+                if first > hi {
+                    return Ok(false);
+                }
+                if !walk(source, *child, level - 1, lo, hi, visit)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! `anvil check`: verifies every block checksum and every tree invariant of a volume.
+//!
+//! Checked: both superblocks (at least one valid), every node (header, checksum, address,
+//! level, key order, separator bounds), every extent (bounds, checksum, decompression), no
+//! block referenced twice, at most one live version per logical key, visibility intervals
+//! well formed, every live directory entry pointing at a live inode, link counts matching
+//! the entries that name each object, and the redo log epoch.
+
+use crate::btree::Loader;
+use crate::error::{Error, Result};
+use crate::format::node::Node;
+use crate::format::record::{kind, rtype, Dirent, Element, Inode, LogicalKey, Payload, ROOT_OBJ};
+use crate::format::NODE_BYTES;
+use crate::space::Space;
+use crate::volume::{decode_extent, extent_location, Volume};
+use std::collections::HashMap;
+
+/// The result of a check: problems found, and what was looked at.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub problems: Vec<String>,
+    pub nodes: u64,
+    pub elements: u64,
+    pub live_elements: u64,
+    pub extents: u64,
+    pub extent_bytes: u64,
+    pub objects: u64,
+    pub history_elements: u64,
+}
+
+impl Report {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+const PROBLEMS_MAX: usize = 1000;
+
+fn note(report: &mut Report, problem: String) {
+    if report.problems.len() < PROBLEMS_MAX {
+        report.problems.push(problem);
+    }
+}
+
+/// Checks the committed state of an open volume.
+pub fn check(volume: &Volume) -> Result<Report> {
+    let mut report = Report::default();
+    let root = volume.root();
+    let loader: Loader<'_> = volume.loader();
+    let sb = Volume::read_superblock(volume.device())?;
+    let space = Space::new(sb.data_offset, sb.volume_bytes);
+    let mut live: HashMap<LogicalKey, Element> = HashMap::new();
+    // Walk nodes depth first, checking separators bound their subtrees.
+    let mut stack = Vec::new();
+    if root.root.address != 0 {
+        stack.push((
+            root.root.address,
+            root.root.level,
+            None::<crate::format::record::Key>,
+            None,
+        ));
+    }
+    while let Some((address, level, low, high)) = stack.pop() {
+        report.nodes += 1;
+        if let Err(e) = space.mark_used(address, NODE_BYTES as u64) {
+            note(&mut report, format!("node at byte {address}: {e}"));
+            continue;
+        }
+        let node = match loader.load(address, level) {
+            Ok(node) => node,
+            Err(e) => {
+                note(&mut report, format!("{e}"));
+                continue;
+            }
+        };
+        let first = node.first_key();
+        let last = match &*node {
+            Node::Leaf(elements) => elements.last().map(|e| e.key),
+            Node::Internal { children, .. } => children.last().map(|c| c.0),
+        };
+        if let (Some(low), Some(first)) = (low, first) {
+            if first < low {
+                note(
+                    &mut report,
+                    format!("node at byte {address}: first key below parent's separator"),
+                );
+            }
+        }
+        if let (Some(high), Some(last)) = (high, last) {
+            if last >= high {
+                note(
+                    &mut report,
+                    format!("node at byte {address}: key beyond next separator"),
+                );
+            }
+        }
+        match &*node {
+            Node::Leaf(elements) => {
+                if elements.is_empty() && address != root.root.address {
+                    note(&mut report, format!("node at byte {address}: empty leaf"));
+                }
+                for element in elements {
+                    check_element(volume, &space, element, &mut report, &mut live);
+                }
+            }
+            Node::Internal { children, .. } => {
+                for (i, (key, child)) in children.iter().enumerate() {
+                    let next = children.get(i + 1).map(|c| c.0).or(high);
+                    let low = if i == 0 { low } else { Some(*key) };
+                    stack.push((*child, level - 1, low, next));
+                }
+            }
+        }
+    }
+    check_namespace(volume, &live, &mut report);
+    Ok(report)
+}
+
+fn check_element(
+    volume: &Volume,
+    space: &Space,
+    element: &Element,
+    report: &mut Report,
+    live: &mut HashMap<LogicalKey, Element>,
+) {
+    report.elements += 1;
+    let key = element.key;
+    let committed = volume.committed_tid();
+    if key.create_tid > committed || element.delete_tid > committed {
+        note(
+            report,
+            format!("element {key:?}: TID newer than the last commit"),
+        );
+    }
+    if element.delete_tid == 0 {
+        report.live_elements += 1;
+        if let Some(previous) = live.insert(key.logical(), element.clone()) {
+            note(
+                report,
+                format!(
+                    "object {} record {}/{}: two live versions ({} and {})",
+                    key.obj, key.rtype, key.key, previous.key.create_tid, key.create_tid
+                ),
+            );
+        }
+    } else {
+        report.history_elements += 1;
+    }
+    if let Payload::Extent(extent) = &element.payload {
+        report.extents += 1;
+        report.extent_bytes += extent.allocated_bytes();
+        if let Err(e) = space.mark_used(extent.offset, extent.allocated_bytes()) {
+            note(
+                report,
+                format!(
+                    "object {} offset {}: {} ({e})",
+                    key.obj,
+                    key.key
+                        .saturating_sub(crate::format::record::DATA_CHUNK_BYTES),
+                    extent_location(extent)
+                ),
+            );
+            return;
+        }
+        let mut stored = vec![0u8; extent.stored_bytes as usize];
+        let result = volume
+            .device()
+            .read_at(&mut stored, extent.offset)
+            .map_err(Error::from)
+            .and_then(|_| decode_extent(extent, &stored));
+        if let Err(e) = result {
+            let offset = key
+                .key
+                .saturating_sub(crate::format::record::DATA_CHUNK_BYTES);
+            note(
+                report,
+                format!(
+                    "object {} at file offset {offset} (TID {:#018x}): {e}",
+                    key.obj, key.create_tid
+                ),
+            );
+        }
+    }
+}
+
+fn check_namespace(volume: &Volume, live: &HashMap<LogicalKey, Element>, report: &mut Report) {
+    let bytes_of = |element: &Element| -> Option<Vec<u8>> {
+        match &element.payload {
+            Payload::Inline(bytes) => Some(bytes.clone()),
+            Payload::Extent(extent) => volume.read_extent(extent).ok(),
+        }
+    };
+    let mut inodes: HashMap<u64, Inode> = HashMap::new();
+    for (lk, element) in live {
+        if lk.rtype == rtype::INODE {
+            match bytes_of(element).map(|b| Inode::decode(&b)) {
+                Some(Ok(inode)) => {
+                    inodes.insert(lk.obj, inode);
+                }
+                _ => note(report, format!("object {}: inode does not decode", lk.obj)),
+            }
+        }
+    }
+    report.objects = inodes.len() as u64;
+    if volume.committed_tid() > 1 && !inodes.contains_key(&ROOT_OBJ) {
+        note(report, "root directory missing".to_string());
+    }
+    let mut links: HashMap<u64, u32> = HashMap::new();
+    let mut subdirs: HashMap<u64, u32> = HashMap::new();
+    for (lk, element) in live {
+        if lk.rtype != rtype::DIRENT {
+            continue;
+        }
+        let Some(Ok(entry)) = bytes_of(element).map(|b| Dirent::decode(&b)) else {
+            note(
+                report,
+                format!("directory {}: entry {} does not decode", lk.obj, lk.key),
+            );
+            continue;
+        };
+        if !inodes.get(&lk.obj).is_some_and(Inode::is_dir) {
+            note(
+                report,
+                format!(
+                    "directory entry {:?} in object {} which is not a live directory",
+                    String::from_utf8_lossy(&entry.name),
+                    lk.obj
+                ),
+            );
+        }
+        match inodes.get(&entry.child) {
+            None => note(
+                report,
+                format!(
+                    "directory {}: entry {:?} names missing object {}",
+                    lk.obj,
+                    String::from_utf8_lossy(&entry.name),
+                    entry.child
+                ),
+            ),
+            Some(child) if child.kind() != entry.kind => note(
+                report,
+                format!(
+                    "directory {}: entry {:?} type differs from object {}",
+                    lk.obj,
+                    String::from_utf8_lossy(&entry.name),
+                    entry.child
+                ),
+            ),
+            Some(_) => {}
+        }
+        *links.entry(entry.child).or_default() += 1;
+        if entry.kind == kind::DIR {
+            *subdirs.entry(lk.obj).or_default() += 1;
+        }
+    }
+    let orphans: std::collections::HashSet<u64> = live
+        .keys()
+        .filter(|lk| lk.rtype == rtype::ORPHAN)
+        .map(|lk| lk.key)
+        .collect();
+    for (obj, inode) in &inodes {
+        let named = links.get(obj).copied().unwrap_or(0);
+        let expected = if inode.is_dir() {
+            if named == 0 && *obj != ROOT_OBJ {
+                0
+            } else {
+                2 + subdirs.get(obj).copied().unwrap_or(0)
+            }
+        } else {
+            named
+        };
+        if inode.nlink != expected && !(inode.nlink == 0 && orphans.contains(obj)) {
+            note(
+                report,
+                format!(
+                    "object {obj}: link count {} but {expected} expected",
+                    inode.nlink
+                ),
+            );
+        }
+        if named == 0 && *obj != ROOT_OBJ && !orphans.contains(obj) {
+            note(report, format!("object {obj}: not named by any directory"));
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The device layer: the one trait through which every persistent byte flows.
+//!
+//! `write_at` is volatile until `flush` returns: a crash may drop, reorder or tear any write
+//! issued since the previous flush. Everything above this layer is written to survive that.
+
+mod crash;
+mod fault;
+mod file;
+mod memory;
+
+pub use crash::{CrashDevice, CrashMode};
+pub use fault::{Fault, FaultDevice};
+pub use file::FileDevice;
+pub use memory::MemDevice;
+
+use std::io;
+
+/// Persistent byte storage with an explicit durability barrier.
+pub trait Device: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset`. Reading past the end is an error.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`. Not durable until the next `flush` returns.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Barrier: every write that returned before this call is durable when it returns.
+    fn flush(&self) -> io::Result<()>;
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Grows or shrinks the device (files only; block devices refuse).
+    fn set_len(&self, len: u64) -> io::Result<()>;
+}
+
+pub(crate) fn out_of_range(offset: u64, len: usize, size: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("access at {offset}+{len} beyond device end {size}"),
+    )
+}

@@ -1,0 +1,98 @@
+//! Explicit little-endian encoding. The reader bounds-checks every access, so hostile bytes
+//! produce `Error::Corrupt`, never a panic.
+
+use crate::error::{Error, Result};
+
+#[derive(Default)]
+pub struct Writer {
+    pub bytes: Vec<u8>,
+}
+
+impl Writer {
+    pub fn with_capacity(capacity: usize) -> Writer {
+        Writer {
+            bytes: Vec::with_capacity(capacity),
+        }
+    }
+    pub fn u8(&mut self, v: u8) {
+        self.bytes.push(v);
+    }
+    pub fn u16(&mut self, v: u16) {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn i64(&mut self, v: i64) {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn raw(&mut self, v: &[u8]) {
+        self.bytes.extend_from_slice(v);
+    }
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+    position: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8], what: &'static str) -> Reader<'a> {
+        Reader {
+            bytes,
+            position: 0,
+            what,
+        }
+    }
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .position
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(Error::corrupt(
+                format!("{} truncated", self.what),
+                format!("byte {} (+{n} of {})", self.position, self.bytes.len()),
+            ));
+        };
+        let slice = &self.bytes[self.position..end];
+        self.position = end;
+        Ok(slice)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    pub fn i64(&mut self) -> Result<i64> {
+        Ok(i64::from_le_bytes(self.array()?))
+    }
+    pub fn remaining(&self) -> usize {
+        self.bytes.len() - self.position
+    }
+    pub fn position(&self) -> usize {
+        self.position
+    }
+}

@@ -1,0 +1,169 @@
+//! On-media structures. Every block starts with a `BlockHeader` carrying magic, format
+//! version, block type, volume id, writing TID, its own address and a checksum; see
+//! `docs/format.md` for the byte-by-byte layout.
+
+pub mod coding;
+pub mod log;
+pub mod node;
+pub mod record;
+pub mod superblock;
+
+use crate::checksum::checksum;
+use crate::error::{Error, Result};
+use coding::{Reader, Writer};
+
+/// The format version this build writes and the newest it reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// Allocation unit of the volume.
+pub const BLOCK_BYTES: u64 = 4096;
+/// Size of every B-tree node.
+pub const NODE_BYTES: usize = 16384;
+/// Size of the header at the start of every block.
+pub const HEADER_BYTES: usize = 64;
+/// "ANVL" in little-endian.
+pub const BLOCK_MAGIC: u32 = u32::from_le_bytes(*b"ANVL");
+/// Byte offsets of the two superblock copies.
+pub const SUPERBLOCK_OFFSETS: [u64; 2] = [0, BLOCK_BYTES];
+/// The redo log region starts right after the superblocks.
+pub const LOG_OFFSET: u64 = 2 * BLOCK_BYTES;
+/// Smallest volume mkfs accepts.
+pub const VOLUME_BYTES_MIN: u64 = 16 * 1024 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum BlockType {
+    Superblock = 1,
+    Leaf = 2,
+    Internal = 3,
+    Log = 4,
+}
+
+impl BlockType {
+    fn from_u16(v: u16) -> Option<BlockType> {
+        match v {
+            1 => Some(BlockType::Superblock),
+            2 => Some(BlockType::Leaf),
+            3 => Some(BlockType::Internal),
+            4 => Some(BlockType::Log),
+            _ => None,
+        }
+    }
+}
+
+pub type VolumeId = [u8; 16];
+
+/// The 64-byte header of every block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub version: u16,
+    pub block_type: BlockType,
+    pub volume_id: VolumeId,
+    pub tid: u64,
+    pub address: u64,
+    pub payload_bytes: u32,
+}
+
+const CHECKSUM_AT: usize = 48;
+
+/// Builds a block: header, then payload; the checksum covers both (checksum field as zero).
+pub fn seal_block(header: &BlockHeader, payload: &[u8], block_bytes: usize) -> Vec<u8> {
+    debug_assert!(HEADER_BYTES + payload.len() <= block_bytes);
+    let mut w = Writer::with_capacity(block_bytes);
+    w.u32(BLOCK_MAGIC);
+    w.u16(header.version);
+    w.u16(header.block_type as u16);
+    w.raw(&header.volume_id);
+    w.u64(header.tid);
+    w.u64(header.address);
+    w.u32(payload.len() as u32);
+    w.u32(0);
+    w.u64(0); // checksum, filled below
+    w.u64(0);
+    w.raw(payload);
+    let mut bytes = w.bytes;
+    let sum = checksum(&bytes[..HEADER_BYTES + payload.len()]);
+    bytes[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
+    bytes.resize(block_bytes, 0);
+    bytes
+}
+
+/// What a reader expects of a block it is about to trust.
+pub struct Expect<'a> {
+    pub block_type: BlockType,
+    pub volume_id: Option<&'a VolumeId>,
+    pub address: u64,
+}
+
+/// Validates a block read from media and returns its header and payload.
+pub fn open_block<'a>(bytes: &'a [u8], expect: &Expect<'_>) -> Result<(BlockHeader, &'a [u8])> {
+    let location = format!("block at byte {}", expect.address);
+    let mut r = Reader::new(bytes, "block header");
+    let magic = r.u32()?;
+    if magic != BLOCK_MAGIC {
+        return Err(Error::corrupt(format!("bad magic {magic:#010x}"), location));
+    }
+    let version = r.u16()?;
+    let block_type_raw = r.u16()?;
+    let mut volume_id = [0u8; 16];
+    volume_id.copy_from_slice(r.take(16)?);
+    let tid = r.u64()?;
+    let address = r.u64()?;
+    let payload_bytes = r.u32()?;
+    let _reserved = r.u32()?;
+    let stored_sum = r.u64()?;
+    if HEADER_BYTES + payload_bytes as usize > bytes.len() {
+        return Err(Error::corrupt(
+            format!("payload length {payload_bytes} too large"),
+            location,
+        ));
+    }
+    let mut scratch = bytes[..HEADER_BYTES + payload_bytes as usize].to_vec();
+    scratch[CHECKSUM_AT..CHECKSUM_AT + 8].fill(0);
+    if checksum(&scratch) != stored_sum {
+        return Err(Error::corrupt("checksum mismatch", location));
+    }
+    if version > FORMAT_VERSION {
+        return Err(Error::Version {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let Some(block_type) = BlockType::from_u16(block_type_raw) else {
+        return Err(Error::corrupt(
+            format!("unknown block type {block_type_raw}"),
+            location,
+        ));
+    };
+    if block_type != expect.block_type {
+        return Err(Error::corrupt(
+            format!(
+                "expected {:?} block, found {block_type:?}",
+                expect.block_type
+            ),
+            location,
+        ));
+    }
+    if let Some(id) = expect.volume_id {
+        if *id != volume_id {
+            return Err(Error::corrupt("block belongs to another volume", location));
+        }
+    }
+    if address != expect.address {
+        return Err(Error::corrupt(
+            format!("misdirected block (written for {address})"),
+            location,
+        ));
+    }
+    let header = BlockHeader {
+        version,
+        block_type,
+        volume_id,
+        tid,
+        address,
+        payload_bytes,
+    };
+    Ok((
+        header,
+        &bytes[HEADER_BYTES..HEADER_BYTES + payload_bytes as usize],
+    ))
+}

@@ -1,0 +1,208 @@
+//! B-tree node encoding. A node fills one `NODE_BYTES` block:
+//! header, then `level: u8`, `count: u16`, then `count` entries. Leaves (level 0) hold
+//! elements; internal nodes hold (first key of child, child address) pairs.
+
+use super::coding::{Reader, Writer};
+use super::record::{Element, Key};
+use super::{
+    open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, FORMAT_VERSION, HEADER_BYTES,
+    NODE_BYTES,
+};
+use crate::error::{Error, Result};
+
+/// Payload bytes available in a node.
+pub const NODE_PAYLOAD_BYTES: usize = NODE_BYTES - HEADER_BYTES - 3;
+pub const CHILD_ENTRY_BYTES: usize = Key::ENCODED_BYTES + 8;
+pub const LEVEL_MAX: u8 = 32;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Node {
+    Leaf(Vec<Element>),
+    /// `level` >= 1; children are (first key, address), sorted.
+    Internal {
+        level: u8,
+        children: Vec<(Key, u64)>,
+    },
+}
+
+impl Node {
+    pub fn level(&self) -> u8 {
+        match self {
+            Node::Leaf(_) => 0,
+            Node::Internal { level, .. } => *level,
+        }
+    }
+
+    pub fn first_key(&self) -> Option<Key> {
+        match self {
+            Node::Leaf(elements) => elements.first().map(|e| e.key),
+            Node::Internal { children, .. } => children.first().map(|c| c.0),
+        }
+    }
+
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Node::Leaf(elements) => elements.iter().map(Element::encoded_bytes).sum(),
+            Node::Internal { children, .. } => children.len() * CHILD_ENTRY_BYTES,
+        }
+    }
+
+    /// Approximate memory held by a decoded node (for the cache budget).
+    pub fn memory_bytes(&self) -> usize {
+        self.payload_bytes() + 128
+    }
+
+    pub fn encode(&self, volume_id: VolumeId, tid: u64, address: u64) -> Vec<u8> {
+        debug_assert!(self.check_order().is_ok());
+        let mut w = Writer::with_capacity(NODE_BYTES);
+        w.u8(self.level());
+        let block_type = match self {
+            Node::Leaf(elements) => {
+                w.u16(elements.len() as u16);
+                for e in elements {
+                    e.encode(&mut w);
+                }
+                BlockType::Leaf
+            }
+            Node::Internal { children, .. } => {
+                w.u16(children.len() as u16);
+                for (key, child) in children {
+                    key.encode(&mut w);
+                    w.u64(*child);
+                }
+                BlockType::Internal
+            }
+        };
+        assert!(
+            w.len() <= NODE_BYTES - HEADER_BYTES,
+            "node overflow: {} bytes",
+            w.len()
+        );
+        let header = BlockHeader {
+            version: FORMAT_VERSION,
+            block_type,
+            volume_id,
+            tid,
+            address,
+            payload_bytes: w.len() as u32,
+        };
+        seal_block(&header, &w.bytes, NODE_BYTES)
+    }
+
+    /// Decodes a node read from `address`, expecting it at `level` (None: any level).
+    pub fn decode(
+        bytes: &[u8],
+        volume_id: &VolumeId,
+        address: u64,
+        level: Option<u8>,
+    ) -> Result<(Node, u64)> {
+        let location = || format!("node at byte {address}");
+        let block_type = match level {
+            Some(0) => BlockType::Leaf,
+            Some(_) => BlockType::Internal,
+            None if bytes.len() > HEADER_BYTES + 6 && bytes[6] == BlockType::Leaf as u8 => {
+                BlockType::Leaf
+            }
+            None => BlockType::Internal,
+        };
+        let expect = Expect {
+            block_type,
+            volume_id: Some(volume_id),
+            address,
+        };
+        let (header, payload) = open_block(bytes, &expect)?;
+        let mut r = Reader::new(payload, "node");
+        let node_level = r.u8()?;
+        let count = r.u16()? as usize;
+        if level.is_some_and(|l| l != node_level) || node_level > LEVEL_MAX {
+            return Err(Error::corrupt(
+                format!("unexpected node level {node_level}"),
+                location(),
+            ));
+        }
+        if (node_level == 0) != (block_type == BlockType::Leaf) {
+            return Err(Error::corrupt(
+                "level does not match block type",
+                location(),
+            ));
+        }
+        let node = if node_level == 0 {
+            // Each element takes at least 36 bytes; bound the count before allocating.
+            if count > payload.len() / 36 {
+                return Err(Error::corrupt("element count out of range", location()));
+            }
+            let mut elements = Vec::with_capacity(count);
+            for _ in 0..count {
+                elements.push(Element::decode(&mut r)?);
+            }
+            Node::Leaf(elements)
+        } else {
+            if count == 0 || count > payload.len() / CHILD_ENTRY_BYTES {
+                return Err(Error::corrupt("child count out of range", location()));
+            }
+            let mut children = Vec::with_capacity(count);
+            for _ in 0..count {
+                let key = Key::decode(&mut r)?;
+                children.push((key, r.u64()?));
+            }
+            Node::Internal {
+                level: node_level,
+                children,
+            }
+        };
+        node.check_order()
+            .map_err(|what| Error::corrupt(what, location()))?;
+        Ok((node, header.tid))
+    }
+
+    /// Keys strictly ascending.
+    pub fn check_order(&self) -> std::result::Result<(), String> {
+        let ascending = match self {
+            Node::Leaf(elements) => elements.windows(2).all(|w| w[0].key < w[1].key),
+            Node::Internal { children, .. } => children.windows(2).all(|w| w[0].0 < w[1].0),
+        };
+        if ascending {
+            Ok(())
+        } else {
+            Err("keys out of order".to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::record::{rtype, Payload};
+
+    #[test]
+    fn round_trip_and_bounds() {
+        let elements: Vec<Element> = (0..100)
+            .map(|i| Element {
+                key: Key {
+                    obj: 2,
+                    rtype: rtype::DATA,
+                    key: i * 65536,
+                    create_tid: 1,
+                },
+                delete_tid: 0,
+                payload: Payload::Inline(vec![i as u8; 50]),
+            })
+            .collect();
+        let node = Node::Leaf(elements);
+        let bytes = node.encode([1; 16], 4, 1 << 20);
+        let (back, tid) = Node::decode(&bytes, &[1; 16], 1 << 20, Some(0)).unwrap();
+        assert_eq!((back, tid), (node, 4));
+        assert!(
+            Node::decode(&bytes, &[2; 16], 1 << 20, Some(0)).is_err(),
+            "foreign volume"
+        );
+        assert!(
+            Node::decode(&bytes, &[1; 16], 2 << 20, Some(0)).is_err(),
+            "misdirected"
+        );
+        assert!(
+            Node::decode(&bytes, &[1; 16], 1 << 20, Some(1)).is_err(),
+            "wrong level"
+        );
+    }
+}

@@ -1,0 +1,466 @@
+//! B-tree keys, elements and the records they carry.
+//!
+//! Key order: (obj, rtype, key, create_tid). An element is visible as of TID t iff
+//! `create_tid <= t && (delete_tid == 0 || t < delete_tid)`.
+
+use super::coding::{Reader, Writer};
+use crate::error::{Error, Result};
+
+/// Record types. Part of the format.
+pub mod rtype {
+    /// Inode attributes; key 0.
+    pub const INODE: u8 = 1;
+    /// Directory entry; key = name hash slot.
+    pub const DIRENT: u8 = 2;
+    /// File data; key = end offset of the chunk slot.
+    pub const DATA: u8 = 3;
+    /// Symlink target; key 0.
+    pub const SYMLINK: u8 = 4;
+    /// Extended attribute; key = name hash slot.
+    pub const XATTR: u8 = 5;
+    /// Snapshot (volume object); key = TID.
+    pub const SNAPSHOT: u8 = 6;
+    /// Configuration (volume object).
+    pub const CONFIG: u8 = 7;
+    /// Object unlinked while open (volume object); key = obj id. Destroyed at next mount.
+    pub const ORPHAN: u8 = 8;
+    /// Commit time (volume object); key = TID, payload = unix time in ns.
+    pub const COMMIT: u8 = 9;
+}
+
+/// Object id of volume-wide records.
+pub const VOLUME_OBJ: u64 = 0;
+/// Object id of the root directory (also its FUSE inode number).
+pub const ROOT_OBJ: u64 = 1;
+
+/// (obj, rtype, key): what an element is about, independent of version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LogicalKey {
+    pub obj: u64,
+    pub rtype: u8,
+    pub key: u64,
+}
+
+/// The full B-tree key: a logical key plus the TID that created this version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    pub obj: u64,
+    pub rtype: u8,
+    pub key: u64,
+    pub create_tid: u64,
+}
+
+impl Key {
+    pub const MIN: Key = Key {
+        obj: 0,
+        rtype: 0,
+        key: 0,
+        create_tid: 0,
+    };
+    pub const ENCODED_BYTES: usize = 25;
+
+    pub fn new(lk: LogicalKey, create_tid: u64) -> Key {
+        Key {
+            obj: lk.obj,
+            rtype: lk.rtype,
+            key: lk.key,
+            create_tid,
+        }
+    }
+    pub fn logical(&self) -> LogicalKey {
+        LogicalKey {
+            obj: self.obj,
+            rtype: self.rtype,
+            key: self.key,
+        }
+    }
+    pub fn encode(&self, w: &mut Writer) {
+        w.u64(self.obj);
+        w.u8(self.rtype);
+        w.u64(self.key);
+        w.u64(self.create_tid);
+    }
+    pub fn decode(r: &mut Reader<'_>) -> Result<Key> {
+        Ok(Key {
+            obj: r.u64()?,
+            rtype: r.u8()?,
+            key: r.u64()?,
+            create_tid: r.u64()?,
+        })
+    }
+}
+
+/// Compression of an extent's stored bytes.
+pub mod compression {
+    pub const NONE: u8 = 0;
+    pub const LZ4: u8 = 1;
+}
+
+/// Where an extent's bytes live on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExtentRef {
+    /// Byte offset on the device (block aligned).
+    pub offset: u64,
+    /// Bytes stored on the device (after compression).
+    pub stored_bytes: u32,
+    /// Bytes after decompression.
+    pub logical_bytes: u32,
+    /// Checksum of the stored bytes.
+    pub checksum: u64,
+    pub compression: u8,
+}
+
+impl ExtentRef {
+    /// Bytes of the device this extent occupies (whole blocks).
+    pub fn allocated_bytes(&self) -> u64 {
+        (self.stored_bytes as u64).div_ceil(super::BLOCK_BYTES) * super::BLOCK_BYTES
+    }
+}
+
+/// An element's payload: small data inline in the leaf, or a reference to an extent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    Inline(Vec<u8>),
+    Extent(ExtentRef),
+}
+
+/// Largest inline payload; keeps any element well below a quarter of a node.
+pub const INLINE_BYTES_MAX: usize = 3 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Element {
+    pub key: Key,
+    /// TID that deleted this version; 0 while live.
+    pub delete_tid: u64,
+    pub payload: Payload,
+}
+
+impl Element {
+    pub fn visible_at(&self, tid: u64) -> bool {
+        self.key.create_tid <= tid && (self.delete_tid == 0 || tid < self.delete_tid)
+    }
+
+    pub fn encoded_bytes(&self) -> usize {
+        Key::ENCODED_BYTES
+            + 8
+            + 1
+            + match &self.payload {
+                Payload::Inline(bytes) => 2 + bytes.len(),
+                Payload::Extent(_) => 25,
+            }
+    }
+
+    pub fn encode(&self, w: &mut Writer) {
+        self.key.encode(w);
+        w.u64(self.delete_tid);
+        match &self.payload {
+            Payload::Inline(bytes) => {
+                debug_assert!(bytes.len() <= INLINE_BYTES_MAX);
+                w.u8(0);
+                w.u16(bytes.len() as u16);
+                w.raw(bytes);
+            }
+            Payload::Extent(e) => {
+                w.u8(1);
+                w.u64(e.offset);
+                w.u32(e.stored_bytes);
+                w.u32(e.logical_bytes);
+                w.u64(e.checksum);
+                w.u8(e.compression);
+            }
+        }
+    }
+
+    pub fn decode(r: &mut Reader<'_>) -> Result<Element> {
+        let key = Key::decode(r)?;
+        let delete_tid = r.u64()?;
+        let payload = match r.u8()? {
+            0 => {
+                let len = r.u16()? as usize;
+                if len > INLINE_BYTES_MAX {
+                    return Err(bad("inline payload too long", &key));
+                }
+                Payload::Inline(r.take(len)?.to_vec())
+            }
+            1 => Payload::Extent(ExtentRef {
+                offset: r.u64()?,
+                stored_bytes: r.u32()?,
+                logical_bytes: r.u32()?,
+                checksum: r.u64()?,
+                compression: r.u8()?,
+            }),
+            other => return Err(bad(&format!("unknown payload kind {other}"), &key)),
+        };
+        if delete_tid != 0 && delete_tid <= key.create_tid {
+            return Err(bad("deleted before created", &key));
+        }
+        Ok(Element {
+            key,
+            delete_tid,
+            payload,
+        })
+    }
+}
+
+fn bad(what: &str, key: &Key) -> Error {
+    Error::corrupt(what.to_string(), format!("element {key:?}"))
+}
+
+/// File type bits as stored in `Inode::mode` (same values as POSIX S_IF*).
+pub mod kind {
+    pub const MASK: u32 = 0o170000;
+    pub const FILE: u32 = 0o100000;
+    pub const DIR: u32 = 0o040000;
+    pub const SYMLINK: u32 = 0o120000;
+    pub const FIFO: u32 = 0o010000;
+    pub const SOCKET: u32 = 0o140000;
+    pub const CHAR: u32 = 0o020000;
+    pub const BLOCK: u32 = 0o060000;
+}
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timestamp {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        }
+    }
+    pub fn as_ns(&self) -> u64 {
+        (self.sec.max(0) as u64).saturating_mul(1_000_000_000) + self.nsec as u64
+    }
+    fn encode(&self, w: &mut Writer) {
+        w.i64(self.sec);
+        w.u32(self.nsec);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Timestamp> {
+        let t = Timestamp {
+            sec: r.i64()?,
+            nsec: r.u32()?,
+        };
+        if t.nsec >= 1_000_000_000 {
+            return Err(Error::corrupt(
+                "timestamp nanoseconds out of range",
+                "inode",
+            ));
+        }
+        Ok(t)
+    }
+}
+
+/// Inode flags. Part of the format.
+pub mod inode_flags {
+    /// Overwrites and deletes of this object destroy the old version (no history).
+    pub const NOHISTORY: u32 = 1;
+}
+
+/// The attributes of an object (record INODE, key 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inode {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub rdev: u64,
+    pub flags: u32,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub btime: Timestamp,
+    /// Directory the object was created in; used to place small files together.
+    pub parent_hint: u64,
+}
+
+impl Inode {
+    pub fn kind(&self) -> u32 {
+        self.mode & kind::MASK
+    }
+    pub fn is_dir(&self) -> bool {
+        self.kind() == kind::DIR
+    }
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(96);
+        w.u32(self.mode);
+        w.u32(self.uid);
+        w.u32(self.gid);
+        w.u32(self.nlink);
+        w.u64(self.size);
+        w.u64(self.rdev);
+        w.u32(self.flags);
+        self.atime.encode(&mut w);
+        self.mtime.encode(&mut w);
+        self.ctime.encode(&mut w);
+        self.btime.encode(&mut w);
+        w.u64(self.parent_hint);
+        w.bytes
+    }
+    pub fn decode(bytes: &[u8]) -> Result<Inode> {
+        let mut r = Reader::new(bytes, "inode");
+        Ok(Inode {
+            mode: r.u32()?,
+            uid: r.u32()?,
+            gid: r.u32()?,
+            nlink: r.u32()?,
+            size: r.u64()?,
+            rdev: r.u64()?,
+            flags: r.u32()?,
+            atime: Timestamp::decode(&mut r)?,
+            mtime: Timestamp::decode(&mut r)?,
+            ctime: Timestamp::decode(&mut r)?,
+            btime: Timestamp::decode(&mut r)?,
+            parent_hint: r.u64()?,
+        })
+    }
+}
+
+/// A directory entry (record DIRENT): child object, its type bits, and the name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dirent {
+    pub child: u64,
+    pub kind: u32,
+    pub name: Vec<u8>,
+}
+
+pub const NAME_BYTES_MAX: usize = 255;
+
+impl Dirent {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(16 + self.name.len());
+        w.u64(self.child);
+        w.u32(self.kind);
+        w.u16(self.name.len() as u16);
+        w.raw(&self.name);
+        w.bytes
+    }
+    pub fn decode(bytes: &[u8]) -> Result<Dirent> {
+        let mut r = Reader::new(bytes, "directory entry");
+        let child = r.u64()?;
+        let kind = r.u32()?;
+        let len = r.u16()? as usize;
+        if len == 0 || len > NAME_BYTES_MAX {
+            return Err(Error::corrupt(
+                "directory entry name length out of range",
+                "dirent",
+            ));
+        }
+        Ok(Dirent {
+            child,
+            kind,
+            name: r.take(len)?.to_vec(),
+        })
+    }
+}
+
+/// An extended attribute (record XATTR): name and value.
+pub struct Xattr {
+    pub name: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+pub const XATTR_VALUE_BYTES_MAX: usize = INLINE_BYTES_MAX - NAME_BYTES_MAX - 8;
+
+impl Xattr {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(4 + self.name.len() + self.value.len());
+        w.u16(self.name.len() as u16);
+        w.raw(&self.name);
+        w.u16(self.value.len() as u16);
+        w.raw(&self.value);
+        w.bytes
+    }
+    pub fn decode(bytes: &[u8]) -> Result<Xattr> {
+        let mut r = Reader::new(bytes, "xattr");
+        let name_len = r.u16()? as usize;
+        let name = r.take(name_len)?.to_vec();
+        let value_len = r.u16()? as usize;
+        Ok(Xattr {
+            name,
+            value: r.take(value_len)?.to_vec(),
+        })
+    }
+}
+
+/// Keys of hashed records (dirents, xattrs): the name hash picks a slot range of 65536 keys;
+/// collisions take the next free slot. Keys stay below 2^62 and above 2, so readdir cookies
+/// 0..=2 stay free for the start, "." and "..".
+pub fn hash_slot_base(name: &[u8]) -> u64 {
+    ((crate::checksum::name_hash(name) >> 18) + 1) << 16
+}
+pub const HASH_SLOTS: u64 = 1 << 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_round_trip() {
+        for payload in [
+            Payload::Inline(b"hello".to_vec()),
+            Payload::Extent(ExtentRef {
+                offset: 8192,
+                stored_bytes: 100,
+                logical_bytes: 200,
+                checksum: 9,
+                compression: compression::LZ4,
+            }),
+        ] {
+            let e = Element {
+                key: Key {
+                    obj: 5,
+                    rtype: rtype::DATA,
+                    key: 65536,
+                    create_tid: 3,
+                },
+                delete_tid: 7,
+                payload,
+            };
+            let mut w = Writer::default();
+            e.encode(&mut w);
+            assert_eq!(w.len(), e.encoded_bytes());
+            let mut r = Reader::new(&w.bytes, "test");
+            assert_eq!(Element::decode(&mut r).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn inode_round_trip() {
+        let inode = Inode {
+            mode: kind::FILE | 0o644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            size: 12345,
+            rdev: 0,
+            flags: 0,
+            atime: Timestamp { sec: 1, nsec: 2 },
+            mtime: Timestamp { sec: 3, nsec: 4 },
+            ctime: Timestamp { sec: 5, nsec: 6 },
+            btime: Timestamp { sec: 7, nsec: 8 },
+            parent_hint: 1,
+        };
+        assert_eq!(Inode::decode(&inode.encode()).unwrap(), inode);
+    }
+
+    #[test]
+    fn hash_slots_leave_cookie_space() {
+        for name in [&b"a"[..], b"zzzz", b""] {
+            let base = hash_slot_base(name);
+            assert!(base >= HASH_SLOTS && base + HASH_SLOTS < (1 << 63));
+        }
+    }
+}
+
+/// File data is kept in aligned chunks of this size; record DATA key = chunk end offset.
+pub const DATA_CHUNK_BYTES: u64 = 64 * 1024;
+/// File data up to this size is stored inline in the leaf rather than as an extent.
+pub const DATA_INLINE_BYTES_MAX: usize = 2048;

@@ -1,0 +1,187 @@
+//! The superblock: the root of everything durable. Two copies at `SUPERBLOCK_OFFSETS`; commit
+//! `seq` goes to copy `seq % 2`, so a torn superblock write leaves the previous one intact.
+
+use super::coding::{Reader, Writer};
+use super::{
+    open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES, FORMAT_VERSION,
+    HEADER_BYTES,
+};
+use crate::error::{Error, Result};
+
+/// "anvilfs!" marks the superblock payload (beyond the generic block magic).
+pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"anvilfs!");
+pub const LABEL_BYTES: usize = 32;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub volume_id: VolumeId,
+    /// Commit sequence number; increases by one per commit.
+    pub seq: u64,
+    pub volume_bytes: u64,
+    /// Address of the B-tree root node, 0 for an empty tree.
+    pub root_address: u64,
+    pub root_level: u8,
+    /// TID of the last commit: the newest readable point in history.
+    pub committed_tid: u64,
+    /// Next TID to hand out; never reused.
+    pub next_tid: u64,
+    /// Next object id to hand out; never reused.
+    pub next_obj: u64,
+    pub log_offset: u64,
+    pub log_bytes: u64,
+    pub commit_time_ns: u64,
+    pub created_time_ns: u64,
+    /// Bytes of the data area in use (nodes and extents), as of this commit.
+    pub used_bytes: u64,
+    /// Start of the allocatable data area.
+    pub data_offset: u64,
+    pub label: [u8; LABEL_BYTES],
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(256);
+        w.u64(SUPERBLOCK_MAGIC);
+        w.u64(self.seq);
+        w.u64(self.volume_bytes);
+        w.u64(self.root_address);
+        w.u8(self.root_level);
+        w.u64(self.committed_tid);
+        w.u64(self.next_tid);
+        w.u64(self.next_obj);
+        w.u64(self.log_offset);
+        w.u64(self.log_bytes);
+        w.u64(self.commit_time_ns);
+        w.u64(self.created_time_ns);
+        w.u64(self.used_bytes);
+        w.u64(self.data_offset);
+        w.raw(&self.label);
+        let header = BlockHeader {
+            version: FORMAT_VERSION,
+            block_type: BlockType::Superblock,
+            volume_id: self.volume_id,
+            tid: self.committed_tid,
+            address: self.address(),
+            payload_bytes: w.len() as u32,
+        };
+        seal_block(&header, &w.bytes, BLOCK_BYTES as usize)
+    }
+
+    pub fn address(&self) -> u64 {
+        super::SUPERBLOCK_OFFSETS[(self.seq % 2) as usize]
+    }
+
+    /// Decodes and validates one superblock copy read from `address`.
+    pub fn decode(bytes: &[u8], address: u64) -> Result<Superblock> {
+        let expect = Expect {
+            block_type: BlockType::Superblock,
+            volume_id: None,
+            address,
+        };
+        let (header, payload) = open_block(bytes, &expect)?;
+        let mut r = Reader::new(payload, "superblock");
+        if r.u64()? != SUPERBLOCK_MAGIC {
+            return Err(Error::corrupt(
+                "superblock magic missing",
+                format!("byte {address}"),
+            ));
+        }
+        let mut sb = Superblock {
+            volume_id: header.volume_id,
+            seq: r.u64()?,
+            volume_bytes: r.u64()?,
+            root_address: r.u64()?,
+            root_level: r.u8()?,
+            committed_tid: r.u64()?,
+            next_tid: r.u64()?,
+            next_obj: r.u64()?,
+            log_offset: r.u64()?,
+            log_bytes: r.u64()?,
+            commit_time_ns: r.u64()?,
+            created_time_ns: r.u64()?,
+            used_bytes: r.u64()?,
+            data_offset: r.u64()?,
+            label: [0; LABEL_BYTES],
+        };
+        sb.label.copy_from_slice(r.take(LABEL_BYTES)?);
+        sb.validate(address)?;
+        Ok(sb)
+    }
+
+    /// Invariants every superblock satisfies; checked before writing and after reading.
+    pub fn validate(&self, address: u64) -> Result<()> {
+        let location = format!("superblock at byte {address}");
+        let fail = |what: &str| Err(Error::corrupt(what.to_string(), location.clone()));
+        if self.address() != address {
+            return fail("sequence number does not match its slot");
+        }
+        if self.volume_bytes < super::VOLUME_BYTES_MIN || self.volume_bytes % BLOCK_BYTES != 0 {
+            return fail("volume size out of range");
+        }
+        if self.log_offset != super::LOG_OFFSET || self.log_bytes % BLOCK_BYTES != 0 {
+            return fail("log region out of range");
+        }
+        if self.data_offset != self.log_offset + self.log_bytes
+            || self.data_offset >= self.volume_bytes
+        {
+            return fail("data area out of range");
+        }
+        let root_ok = self.root_address == 0
+            || (self.root_address >= self.data_offset
+                && self.root_address % BLOCK_BYTES == 0
+                && self.root_address + super::NODE_BYTES as u64 <= self.volume_bytes);
+        if !root_ok || self.root_level > 32 {
+            return fail("root pointer out of range");
+        }
+        if self.next_tid <= self.committed_tid || self.next_obj < 2 {
+            return fail("id counters out of order");
+        }
+        if self.used_bytes > self.volume_bytes {
+            return fail("used bytes exceed volume size");
+        }
+        Ok(())
+    }
+}
+
+/// Bytes that hold the superblock payload; everything else in the block is zero.
+pub const SUPERBLOCK_PAYLOAD_MAX: usize = BLOCK_BYTES as usize - HEADER_BYTES;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Superblock {
+        Superblock {
+            volume_id: [7; 16],
+            seq: 3,
+            volume_bytes: 64 << 20,
+            root_address: 0,
+            root_level: 0,
+            committed_tid: 5,
+            next_tid: 6,
+            next_obj: 10,
+            log_offset: super::super::LOG_OFFSET,
+            log_bytes: 1 << 20,
+            commit_time_ns: 1,
+            created_time_ns: 1,
+            used_bytes: 0,
+            data_offset: super::super::LOG_OFFSET + (1 << 20),
+            label: [0; LABEL_BYTES],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_detects_flips() {
+        let sb = sample();
+        let bytes = sb.encode();
+        assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
+        for i in [0usize, 10, 70, 100] {
+            let mut bad = bytes.clone();
+            bad[i] ^= 1;
+            assert!(
+                Superblock::decode(&bad, sb.address()).is_err(),
+                "flip at {i}"
+            );
+        }
+    }
+}

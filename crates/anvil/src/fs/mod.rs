@@ -1,0 +1,1207 @@
+//! POSIX semantics over the tree: inodes, directories, files, symlinks, hard links, rename,
+//! xattrs and special files, by object id (the FUSE inode number) or by path.
+//!
+//! Every operation is one `Volume::run` transaction, so it is atomic with respect to every
+//! other operation and lands whole in one flush group.
+
+mod asof;
+mod types;
+
+pub use asof::AsOf;
+pub use types::*;
+
+use crate::btree::{Step, Stop};
+use crate::device::{Device, FileDevice};
+use crate::error::{posix, Error, Result};
+use crate::format::record::{
+    kind, rtype, Dirent, Inode, LogicalKey, Timestamp, Xattr, DATA_CHUNK_BYTES, HASH_SLOTS,
+    NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
+};
+use crate::format::{record::hash_slot_base, BLOCK_BYTES};
+use crate::volume::{Tx, Value, Volume, VolumeOptions};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest file size (the last chunk key must fit in u64 with room to spare).
+pub const FILE_BYTES_MAX: u64 = 1 << 60;
+/// Longest symlink target.
+pub const SYMLINK_BYTES_MAX: usize = 3000;
+const LINKS_MAX: u32 = 65000;
+
+pub struct Filesystem {
+    volume: Arc<Volume>,
+    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Open handles per object: unlinked objects live until the last one closes.
+    open_handles: Mutex<HashMap<u64, u32>>,
+}
+
+fn fail<T>(errno: i32) -> Step<T> {
+    Err(Stop::Fail(Error::Posix(errno)))
+}
+
+pub(crate) fn inode_key(obj: u64) -> LogicalKey {
+    LogicalKey {
+        obj,
+        rtype: rtype::INODE,
+        key: 0,
+    }
+}
+
+fn chunk_key(obj: u64, index: u64) -> LogicalKey {
+    LogicalKey {
+        obj,
+        rtype: rtype::DATA,
+        key: (index + 1) * DATA_CHUNK_BYTES,
+    }
+}
+
+fn load_inode(tx: &Tx<'_>, obj: u64) -> Step<Inode> {
+    match tx.get_bytes(inode_key(obj))? {
+        Some(bytes) => Ok(Inode::decode(&bytes)?),
+        None => fail(libc::ENOENT),
+    }
+}
+
+fn store_inode(tx: &mut Tx<'_>, obj: u64, inode: &Inode) -> Step<()> {
+    tx.put(inode_key(obj), Some(Arc::new(inode.encode())))
+}
+
+fn check_name(name: &[u8]) -> Step<()> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return fail(libc::EINVAL);
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return fail(libc::ENAMETOOLONG);
+    }
+    if name == b"." || name == b".." {
+        return fail(libc::EEXIST);
+    }
+    Ok(())
+}
+
+/// Finds the hashed record (dirent or xattr) named `name` under `obj`.
+fn find_hashed(
+    tx: &Tx<'_>,
+    obj: u64,
+    rtype: u8,
+    name: &[u8],
+    name_of: impl Fn(&[u8]) -> Result<Vec<u8>>,
+) -> Step<Option<(u64, Arc<Vec<u8>>)>> {
+    let base = hash_slot_base(name);
+    for (slot, value, _) in tx.range_versions(obj, rtype, base, base + HASH_SLOTS - 1, 4096)? {
+        let bytes = tx.resolve(&value)?;
+        if name_of(&bytes)? == name {
+            return Ok(Some((slot, bytes)));
+        }
+    }
+    Ok(None)
+}
+
+fn free_slot(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<u64> {
+    let base = hash_slot_base(name);
+    let used = tx.range(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOTS as usize)?;
+    let mut slot = base;
+    for (key, _) in used {
+        if key != slot {
+            break;
+        }
+        slot += 1;
+    }
+    if slot >= base + HASH_SLOTS {
+        return fail(libc::ENOSPC);
+    }
+    Ok(slot)
+}
+
+fn find_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<Option<(u64, Dirent)>> {
+    let found = find_hashed(tx, dir, rtype::DIRENT, name, |bytes| {
+        Ok(Dirent::decode(bytes)?.name)
+    })?;
+    match found {
+        Some((slot, bytes)) => Ok(Some((slot, Dirent::decode(&bytes)?))),
+        None => Ok(None),
+    }
+}
+
+fn dir_inode(tx: &Tx<'_>, dir: u64) -> Step<Inode> {
+    let inode = load_inode(tx, dir)?;
+    if !inode.is_dir() {
+        return fail(libc::ENOTDIR);
+    }
+    Ok(inode)
+}
+
+fn is_empty_dir(tx: &Tx<'_>, dir: u64) -> Step<bool> {
+    Ok(tx.range(dir, rtype::DIRENT, 0, u64::MAX, 1)?.is_empty())
+}
+
+/// Deletes every record of an object (history keeps the versions).
+fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
+    for record_type in [rtype::DATA, rtype::XATTR, rtype::SYMLINK] {
+        let records = tx.range(obj, record_type, 0, u64::MAX, usize::MAX)?;
+        for (key, _) in records {
+            tx.put(
+                LogicalKey {
+                    obj,
+                    rtype: record_type,
+                    key,
+                },
+                None,
+            )?;
+        }
+    }
+    tx.put(inode_key(obj), None)?;
+    tx.put(
+        LogicalKey {
+            obj: VOLUME_OBJ,
+            rtype: rtype::ORPHAN,
+            key: obj,
+        },
+        None,
+    )
+}
+
+/// Drops one link to `obj`; destroys it when no link and no open handle remains.
+fn drop_link(tx: &mut Tx<'_>, obj: u64, open: &HashMap<u64, u32>, now: Timestamp) -> Step<()> {
+    let mut inode = load_inode(tx, obj)?;
+    inode.nlink = if inode.is_dir() {
+        0
+    } else {
+        inode.nlink.saturating_sub(1)
+    };
+    inode.ctime = now;
+    if inode.nlink > 0 {
+        return store_inode(tx, obj, &inode);
+    }
+    if open.get(&obj).copied().unwrap_or(0) > 0 {
+        store_inode(tx, obj, &inode)?;
+        let orphan = LogicalKey {
+            obj: VOLUME_OBJ,
+            rtype: rtype::ORPHAN,
+            key: obj,
+        };
+        return tx.put(orphan, Some(Arc::new(Vec::new())));
+    }
+    destroy(tx, obj)
+}
+
+fn touch_dir(
+    tx: &mut Tx<'_>,
+    dir: u64,
+    entries_delta: i64,
+    links_delta: i32,
+    now: Timestamp,
+) -> Step<()> {
+    let mut inode = load_inode(tx, dir)?;
+    inode.size = (inode.size as i64 + entries_delta).max(0) as u64;
+    inode.nlink = (inode.nlink as i64 + links_delta as i64).max(0) as u32;
+    inode.mtime = now;
+    inode.ctime = now;
+    store_inode(tx, dir, &inode)
+}
+
+/// Truncates or extends a file's data to `size` (the inode is updated by the caller).
+fn resize_data(tx: &mut Tx<'_>, obj: u64, old_size: u64, size: u64) -> Step<()> {
+    if size >= old_size {
+        return Ok(());
+    }
+    let keep_chunk = size / DATA_CHUNK_BYTES;
+    let within = size % DATA_CHUNK_BYTES;
+    let first_dropped = if within == 0 {
+        keep_chunk
+    } else {
+        keep_chunk + 1
+    };
+    let doomed = tx.range(
+        obj,
+        rtype::DATA,
+        (first_dropped + 1) * DATA_CHUNK_BYTES,
+        u64::MAX,
+        usize::MAX,
+    )?;
+    for (key, _) in doomed {
+        tx.put(
+            LogicalKey {
+                obj,
+                rtype: rtype::DATA,
+                key,
+            },
+            None,
+        )?;
+    }
+    if within != 0 {
+        let lk = chunk_key(obj, keep_chunk);
+        if let Some(bytes) = tx.get_bytes(lk)? {
+            if bytes.len() as u64 > within {
+                tx.put(lk, Some(Arc::new(bytes[..within as usize].to_vec())))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Filesystem {
+    /// Creates a new volume with an empty root directory.
+    pub fn mkfs(device: Arc<dyn Device>, volume_bytes: u64, label: &str) -> Result<()> {
+        Volume::format(&*device, volume_bytes, label)?;
+        let fs = Filesystem::open(
+            device,
+            MountOptions {
+                commit_interval_ms: 0,
+                ..Default::default()
+            },
+        )?;
+        fs.volume.run(true, |tx| {
+            let now = Timestamp::now();
+            let root = Inode {
+                mode: kind::DIR | 0o755,
+                uid: 0,
+                gid: 0,
+                nlink: 2,
+                size: 0,
+                rdev: 0,
+                flags: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                parent_hint: ROOT_OBJ,
+            };
+            store_inode(tx, ROOT_OBJ, &root)
+        })?;
+        fs.close()
+    }
+
+    /// Opens a volume on a device. A background committer runs unless `commit_interval_ms`
+    /// is 0 or the volume is read-only.
+    pub fn open(device: Arc<dyn Device>, options: MountOptions) -> Result<Filesystem> {
+        let volume = Volume::open(
+            device,
+            VolumeOptions {
+                cache_bytes: options.cache_bytes,
+                nohistory: options.nohistory,
+                read_only: options.read_only,
+            },
+        )?;
+        let fs = Filesystem {
+            volume,
+            committer: Mutex::new(None),
+            open_handles: Mutex::new(HashMap::new()),
+        };
+        if !fs.volume.is_read_only() {
+            fs.reap_orphans()?;
+            if options.commit_interval_ms > 0 {
+                let handle = fs
+                    .volume
+                    .start_committer(Duration::from_millis(options.commit_interval_ms));
+                *fs.committer.lock() = Some(handle);
+            }
+        }
+        Ok(fs)
+    }
+
+    /// Opens an image file or block device by path.
+    pub fn open_path(path: &Path, options: MountOptions) -> Result<Filesystem> {
+        let device = FileDevice::open(path, !options.read_only)?;
+        Filesystem::open(Arc::new(device), options)
+    }
+
+    /// Destroys objects that were unlinked while open when the volume last went down.
+    fn reap_orphans(&self) -> Result<()> {
+        let orphans = self.volume.run(false, |tx| {
+            tx.range(VOLUME_OBJ, rtype::ORPHAN, 0, u64::MAX, usize::MAX)
+        })?;
+        if orphans.is_empty() {
+            return Ok(());
+        }
+        for (obj, _) in orphans {
+            self.volume.run(true, |tx| destroy(tx, obj))?;
+        }
+        self.volume.commit()?;
+        Ok(())
+    }
+
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.volume
+    }
+
+    /// Commits and stops the background committer. The volume stays readable.
+    pub fn close(&self) -> Result<()> {
+        self.volume.stop_committer();
+        if let Some(handle) = self.committer.lock().take() {
+            let _ = handle.join();
+        }
+        if self.volume.is_read_only() {
+            return Ok(());
+        }
+        self.volume.commit().map(|_| ())
+    }
+
+    /// Commits everything now; returns the durable TID.
+    pub fn sync(&self) -> Result<u64> {
+        if self.volume.is_read_only() {
+            return Ok(self.volume.committed_tid());
+        }
+        self.volume.commit()
+    }
+
+    /// Makes every change so far durable (through the redo log).
+    pub fn fsync(&self, _ino: u64) -> Result<()> {
+        self.volume.sync_log()
+    }
+
+    pub fn info(&self) -> VolumeInfo {
+        let usage = self.volume.usage();
+        VolumeInfo {
+            label: usage.label,
+            volume_id: usage.volume_id.iter().map(|b| format!("{b:02x}")).collect(),
+            volume_bytes: usage.volume_bytes,
+            data_bytes: usage.data_bytes,
+            used_bytes: usage.used_bytes,
+            free_bytes: usage.free_bytes,
+            reserve_bytes: usage.reserve_bytes,
+            committed_tid: usage.committed_tid,
+            commit_time_ns: usage.commit_time_ns,
+            created_time_ns: usage.created_time_ns,
+            objects_allocated: usage.next_obj.saturating_sub(1),
+            pending_bytes: usage.pending_bytes,
+            cache_bytes: usage.cache_bytes,
+            read_only: self.volume.is_read_only(),
+        }
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let usage = self.volume.usage();
+        let blocks = usage.data_bytes / BLOCK_BYTES;
+        let free = usage.free_bytes.saturating_sub(usage.pending_bytes) / BLOCK_BYTES;
+        let available = usage
+            .free_bytes
+            .saturating_sub(usage.pending_bytes + usage.reserve_bytes)
+            / BLOCK_BYTES;
+        StatFs {
+            block_bytes: BLOCK_BYTES as u32,
+            blocks,
+            blocks_free: free,
+            blocks_available: available,
+            files: usage.next_obj + free * 16,
+            files_free: free * 16,
+            name_bytes_max: NAME_BYTES_MAX as u32,
+        }
+    }
+
+    /// A read-only view of the volume as of a committed TID.
+    pub fn at(&self, tid: u64) -> Result<AsOf<'_>> {
+        AsOf::new(self, tid)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.volume
+            .run(false, |tx| Ok(Attr::from_inode(ino, &load_inode(tx, ino)?)))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.volume.run(false, |tx| {
+            dir_inode(tx, parent)?;
+            match find_entry(tx, parent, name)? {
+                Some((_, entry)) => {
+                    Ok(Attr::from_inode(entry.child, &load_inode(tx, entry.child)?))
+                }
+                None => fail(libc::ENOENT),
+            }
+        })
+    }
+
+    /// Creates any kind of object except directories and symlinks (mknod(2), creat(2)).
+    pub fn mknod(
+        &self,
+        caller: Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
+        let mode = if mode & kind::MASK == 0 {
+            mode | kind::FILE
+        } else {
+            mode
+        };
+        if matches!(mode & kind::MASK, kind::DIR | kind::SYMLINK) {
+            return posix(libc::EINVAL);
+        }
+        self.create_object(caller, parent, name, mode, rdev, None)
+    }
+
+    pub fn mkdir(&self, caller: Caller, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        self.create_object(caller, parent, name, kind::DIR | (mode & 0o7777), 0, None)
+    }
+
+    pub fn symlink(&self, caller: Caller, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+        if target.is_empty() || target.len() > SYMLINK_BYTES_MAX {
+            return posix(if target.is_empty() {
+                libc::ENOENT
+            } else {
+                libc::ENAMETOOLONG
+            });
+        }
+        self.create_object(caller, parent, name, kind::SYMLINK | 0o777, 0, Some(target))
+    }
+
+    fn create_object(
+        &self,
+        caller: Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        target: Option<&[u8]>,
+    ) -> Result<Attr> {
+        self.volume.check_space(4096)?;
+        self.volume.run(true, |tx| {
+            check_name(name)?;
+            let parent_inode = dir_inode(tx, parent)?;
+            if parent_inode.nlink == 0 {
+                return fail(libc::ENOENT);
+            }
+            if find_entry(tx, parent, name)?.is_some() {
+                return fail(libc::EEXIST);
+            }
+            let is_dir = mode & kind::MASK == kind::DIR;
+            let mut mode = mode;
+            let gid = if parent_inode.mode & libc::S_ISGID != 0 {
+                if is_dir {
+                    mode |= libc::S_ISGID;
+                }
+                parent_inode.gid
+            } else {
+                caller.gid
+            };
+            let now = Timestamp::now();
+            let obj = tx.allocate_obj();
+            let inode = Inode {
+                mode,
+                uid: caller.uid,
+                gid,
+                nlink: if is_dir { 2 } else { 1 },
+                size: target.map_or(0, |t| t.len() as u64),
+                rdev,
+                flags: parent_inode.flags & crate::format::record::inode_flags::NOHISTORY,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                parent_hint: parent,
+            };
+            store_inode(tx, obj, &inode)?;
+            if let Some(target) = target {
+                let lk = LogicalKey {
+                    obj,
+                    rtype: rtype::SYMLINK,
+                    key: 0,
+                };
+                tx.put(lk, Some(Arc::new(target.to_vec())))?;
+            }
+            let slot = free_slot(tx, parent, rtype::DIRENT, name)?;
+            let entry = Dirent {
+                child: obj,
+                kind: mode & kind::MASK,
+                name: name.to_vec(),
+            };
+            tx.put(
+                LogicalKey {
+                    obj: parent,
+                    rtype: rtype::DIRENT,
+                    key: slot,
+                },
+                Some(Arc::new(entry.encode())),
+            )?;
+            touch_dir(tx, parent, 1, if is_dir { 1 } else { 0 }, now)?;
+            Ok(Attr::from_inode(obj, &inode))
+        })
+    }
+
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        self.volume.run(true, |tx| {
+            check_name(new_name)?;
+            let mut inode = load_inode(tx, ino)?;
+            if inode.is_dir() {
+                return fail(libc::EPERM);
+            }
+            if inode.nlink >= LINKS_MAX {
+                return fail(libc::EMLINK);
+            }
+            let parent_inode = dir_inode(tx, new_parent)?;
+            if parent_inode.nlink == 0 {
+                return fail(libc::ENOENT);
+            }
+            if find_entry(tx, new_parent, new_name)?.is_some() {
+                return fail(libc::EEXIST);
+            }
+            let now = Timestamp::now();
+            inode.nlink += 1;
+            inode.ctime = now;
+            store_inode(tx, ino, &inode)?;
+            let slot = free_slot(tx, new_parent, rtype::DIRENT, new_name)?;
+            let entry = Dirent {
+                child: ino,
+                kind: inode.kind(),
+                name: new_name.to_vec(),
+            };
+            tx.put(
+                LogicalKey {
+                    obj: new_parent,
+                    rtype: rtype::DIRENT,
+                    key: slot,
+                },
+                Some(Arc::new(entry.encode())),
+            )?;
+            touch_dir(tx, new_parent, 1, 0, now)?;
+            Ok(Attr::from_inode(ino, &inode))
+        })
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove_entry(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove_entry(parent, name, true)
+    }
+
+    fn remove_entry(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        if name == b"." {
+            return posix(libc::EINVAL);
+        }
+        if name == b".." {
+            return posix(libc::ENOTEMPTY);
+        }
+        self.volume.run(true, |tx| {
+            dir_inode(tx, parent)?;
+            let Some((slot, entry)) = find_entry(tx, parent, name)? else {
+                return fail(libc::ENOENT);
+            };
+            let is_dir = entry.kind == kind::DIR;
+            if want_dir && !is_dir {
+                return fail(libc::ENOTDIR);
+            }
+            if !want_dir && is_dir {
+                return fail(libc::EISDIR);
+            }
+            if is_dir && !is_empty_dir(tx, entry.child)? {
+                return fail(libc::ENOTEMPTY);
+            }
+            let now = Timestamp::now();
+            tx.put(
+                LogicalKey {
+                    obj: parent,
+                    rtype: rtype::DIRENT,
+                    key: slot,
+                },
+                None,
+            )?;
+            touch_dir(tx, parent, -1, if is_dir { -1 } else { 0 }, now)?;
+            let open = self.open_handles.lock().clone();
+            drop_link(tx, entry.child, &open, now)
+        })
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        if flags.noreplace && flags.exchange {
+            return posix(libc::EINVAL);
+        }
+        self.volume.run(true, |tx| {
+            if name == b"." || name == b".." {
+                return fail(libc::EINVAL);
+            }
+            check_name(new_name).or_else(|e| match e {
+                Stop::Fail(Error::Posix(libc::EEXIST)) => fail(libc::EINVAL),
+                other => Err(other),
+            })?;
+            dir_inode(tx, parent)?;
+            let new_parent_inode = dir_inode(tx, new_parent)?;
+            let Some((slot, entry)) = find_entry(tx, parent, name)? else {
+                return fail(libc::ENOENT);
+            };
+            let target = find_entry(tx, new_parent, new_name)?;
+            let src_is_dir = entry.kind == kind::DIR;
+            // A directory may not move below itself.
+            if src_is_dir && parent != new_parent {
+                let mut at = new_parent;
+                let mut hops = 0;
+                while at != ROOT_OBJ && hops < 4096 {
+                    if at == entry.child {
+                        return fail(libc::EINVAL);
+                    }
+                    at = load_inode(tx, at)?.parent_hint;
+                    hops += 1;
+                }
+            }
+            if new_parent_inode.nlink == 0 {
+                return fail(libc::ENOENT);
+            }
+            let now = Timestamp::now();
+            let dirent_key = |dir: u64, slot: u64| LogicalKey {
+                obj: dir,
+                rtype: rtype::DIRENT,
+                key: slot,
+            };
+            if flags.exchange {
+                let Some((target_slot, target_entry)) = target else {
+                    return fail(libc::ENOENT);
+                };
+                let target_is_dir = target_entry.kind == kind::DIR;
+                if target_is_dir && parent != new_parent {
+                    let mut at = parent;
+                    let mut hops = 0;
+                    while at != ROOT_OBJ && hops < 4096 {
+                        if at == target_entry.child {
+                            return fail(libc::EINVAL);
+                        }
+                        at = load_inode(tx, at)?.parent_hint;
+                        hops += 1;
+                    }
+                }
+                let a = Dirent {
+                    child: target_entry.child,
+                    kind: target_entry.kind,
+                    name: name.to_vec(),
+                };
+                let b = Dirent {
+                    child: entry.child,
+                    kind: entry.kind,
+                    name: new_name.to_vec(),
+                };
+                tx.put(dirent_key(parent, slot), Some(Arc::new(a.encode())))?;
+                tx.put(
+                    dirent_key(new_parent, target_slot),
+                    Some(Arc::new(b.encode())),
+                )?;
+                let links =
+                    |moving_in: bool, moving_out: bool| (moving_in as i32) - (moving_out as i32);
+                if parent != new_parent {
+                    touch_dir(tx, parent, 0, links(target_is_dir, src_is_dir), now)?;
+                    touch_dir(tx, new_parent, 0, links(src_is_dir, target_is_dir), now)?;
+                } else {
+                    touch_dir(tx, parent, 0, 0, now)?;
+                }
+                for (child, new_home) in [(entry.child, new_parent), (target_entry.child, parent)] {
+                    let mut inode = load_inode(tx, child)?;
+                    inode.ctime = now;
+                    if inode.is_dir() {
+                        inode.parent_hint = new_home;
+                    }
+                    store_inode(tx, child, &inode)?;
+                }
+                return Ok(());
+            }
+            let mut target_slot = None;
+            if let Some((existing_slot, target_entry)) = target {
+                if flags.noreplace {
+                    return fail(libc::EEXIST);
+                }
+                if target_entry.child == entry.child {
+                    return Ok(()); // Two links to the same object: POSIX says do nothing.
+                }
+                let target_is_dir = target_entry.kind == kind::DIR;
+                if src_is_dir && !target_is_dir {
+                    return fail(libc::ENOTDIR);
+                }
+                if !src_is_dir && target_is_dir {
+                    return fail(libc::EISDIR);
+                }
+                if target_is_dir && !is_empty_dir(tx, target_entry.child)? {
+                    return fail(libc::ENOTEMPTY);
+                }
+                let open = self.open_handles.lock().clone();
+                drop_link(tx, target_entry.child, &open, now)?;
+                touch_dir(tx, new_parent, -1, if target_is_dir { -1 } else { 0 }, now)?;
+                target_slot = Some(existing_slot);
+            }
+            tx.put(dirent_key(parent, slot), None)?;
+            let new_slot = match target_slot {
+                Some(s) => s,
+                None => free_slot(tx, new_parent, rtype::DIRENT, new_name)?,
+            };
+            let moved = Dirent {
+                child: entry.child,
+                kind: entry.kind,
+                name: new_name.to_vec(),
+            };
+            tx.put(
+                dirent_key(new_parent, new_slot),
+                Some(Arc::new(moved.encode())),
+            )?;
+            let dir_links = if src_is_dir { 1 } else { 0 };
+            touch_dir(tx, parent, -1, -dir_links, now)?;
+            touch_dir(tx, new_parent, 1, dir_links, now)?;
+            let mut inode = load_inode(tx, entry.child)?;
+            inode.ctime = now;
+            if src_is_dir {
+                inode.parent_hint = new_parent;
+            }
+            store_inode(tx, entry.child, &inode)
+        })
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.volume.run(false, |tx| {
+            let inode = load_inode(tx, ino)?;
+            if inode.kind() != kind::SYMLINK {
+                return fail(libc::EINVAL);
+            }
+            match tx.get_bytes(LogicalKey {
+                obj: ino,
+                rtype: rtype::SYMLINK,
+                key: 0,
+            })? {
+                Some(target) => Ok(target.to_vec()),
+                None => Err(Stop::Fail(Error::corrupt(
+                    "symlink without target",
+                    format!("object {ino}"),
+                ))),
+            }
+        })
+    }
+
+    /// Lists a directory after `cookie` (0 = from the start, including "." and "..").
+    pub fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>> {
+        self.volume.run(false, |tx| {
+            let inode = dir_inode(tx, ino)?;
+            let mut out = Vec::new();
+            if cookie < 1 {
+                out.push(DirEntry {
+                    name: b".".to_vec(),
+                    ino,
+                    kind: FileKind::Dir,
+                    cookie: 1,
+                });
+            }
+            if cookie < 2 {
+                let parent = inode.parent_hint;
+                out.push(DirEntry {
+                    name: b"..".to_vec(),
+                    ino: parent,
+                    kind: FileKind::Dir,
+                    cookie: 2,
+                });
+            }
+            let want = limit.saturating_sub(out.len());
+            for (key, value) in tx.range(ino, rtype::DIRENT, cookie.max(2) + 1, u64::MAX, want)? {
+                let entry = Dirent::decode(&tx.resolve(&value)?)?;
+                out.push(DirEntry {
+                    name: entry.name,
+                    ino: entry.child,
+                    kind: FileKind::from_mode(entry.kind),
+                    cookie: key,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Reads up to `size` bytes at `offset`. Holes read as zeros.
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let (file_size, chunks, root) = self.volume.run(false, |tx| {
+            let inode = load_inode(tx, ino)?;
+            if inode.is_dir() {
+                return fail(libc::EISDIR);
+            }
+            if offset >= inode.size || size == 0 {
+                return Ok((inode.size, Vec::new(), tx.root()));
+            }
+            let end = inode.size.min(offset.saturating_add(size as u64));
+            let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
+            let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
+            Ok((
+                inode.size,
+                tx.range_versions(ino, rtype::DATA, lo, hi, usize::MAX)?,
+                tx.root(),
+            ))
+        })?;
+        let end = file_size.min(offset.saturating_add(size as u64));
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (key, value, create_tid) in chunks {
+            let chunk_start = key - DATA_CHUNK_BYTES;
+            let bytes = match &value {
+                Value::Bytes(bytes) => bytes.clone(),
+                Value::Extent(extent) => Arc::new(self.volume.read_extent(extent).inspect_err(|e| {
+                    log::error!(
+                        "read of object {ino} at offset {chunk_start} (TID {create_tid:#018x}) failed: {e}"
+                    );
+                })?),
+            };
+            let from = offset.max(chunk_start);
+            let to = end.min(chunk_start + bytes.len() as u64);
+            if from < to {
+                out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
+                    &bytes[(from - chunk_start) as usize..(to - chunk_start) as usize],
+                );
+            }
+        }
+        drop(root);
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset`, extending the file as needed. Returns bytes written.
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= FILE_BYTES_MAX);
+        let Some(end) = end else {
+            return posix(libc::EFBIG);
+        };
+        self.volume.throttle();
+        self.volume.check_space(data.len() as u64)?;
+        self.volume.run(true, |tx| {
+            let mut inode = load_inode(tx, ino)?;
+            if inode.is_dir() {
+                return fail(libc::EISDIR);
+            }
+            let first = offset / DATA_CHUNK_BYTES;
+            let last = (end - 1) / DATA_CHUNK_BYTES;
+            for index in first..=last {
+                let chunk_start = index * DATA_CHUNK_BYTES;
+                let from = offset.max(chunk_start);
+                let to = end.min(chunk_start + DATA_CHUNK_BYTES);
+                let src = &data[(from - offset) as usize..(to - offset) as usize];
+                let lk = chunk_key(ino, index);
+                let at = (from - chunk_start) as usize;
+                let new_chunk = if at == 0 && src.len() as u64 == DATA_CHUNK_BYTES {
+                    src.to_vec()
+                } else {
+                    let mut chunk = match tx.get_bytes(lk)? {
+                        Some(existing) => existing.to_vec(),
+                        None => Vec::new(),
+                    };
+                    // Bytes past the old end of file inside this chunk are a hole: zeros.
+                    let valid = inode
+                        .size
+                        .saturating_sub(chunk_start)
+                        .min(chunk.len() as u64);
+                    chunk.truncate(valid as usize);
+                    if chunk.len() < at + src.len() {
+                        chunk.resize(at + src.len(), 0);
+                    }
+                    chunk[at..at + src.len()].copy_from_slice(src);
+                    chunk
+                };
+                tx.put(lk, Some(Arc::new(new_chunk)))?;
+            }
+            let now = Timestamp::now();
+            inode.size = inode.size.max(end);
+            inode.mtime = now;
+            inode.ctime = now;
+            store_inode(tx, ino, &inode)?;
+            Ok(data.len())
+        })
+    }
+
+    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        if let Some(size) = changes.size {
+            if size > FILE_BYTES_MAX {
+                return posix(libc::EFBIG);
+            }
+        }
+        self.volume.run(true, |tx| {
+            let mut inode = load_inode(tx, ino)?;
+            let now = Timestamp::now();
+            if let Some(mode) = changes.mode {
+                inode.mode = (inode.mode & kind::MASK) | (mode & 0o7777);
+            }
+            if let Some(uid) = changes.uid {
+                inode.uid = uid;
+            }
+            if let Some(gid) = changes.gid {
+                inode.gid = gid;
+            }
+            if let Some(size) = changes.size {
+                if inode.is_dir() {
+                    return fail(libc::EISDIR);
+                }
+                if inode.kind() != kind::FILE {
+                    return fail(libc::EINVAL);
+                }
+                resize_data(tx, ino, inode.size, size)?;
+                inode.size = size;
+                inode.mtime = now;
+            }
+            let resolve = |t: TimeSet| match t {
+                TimeSet::Now => now,
+                TimeSet::At(t) => t,
+            };
+            if let Some(atime) = changes.atime {
+                inode.atime = resolve(atime);
+            }
+            if let Some(mtime) = changes.mtime {
+                inode.mtime = resolve(mtime);
+            }
+            inode.ctime = changes.ctime.unwrap_or(now);
+            store_inode(tx, ino, &inode)?;
+            Ok(Attr::from_inode(ino, &inode))
+        })
+    }
+
+    /// Registers an open handle; an unlinked object lives until its last handle closes.
+    pub fn open_handle(&self, ino: u64) -> Result<Attr> {
+        let attr = self.getattr(ino)?;
+        *self.open_handles.lock().entry(ino).or_insert(0) += 1;
+        Ok(attr)
+    }
+
+    pub fn release_handle(&self, ino: u64) -> Result<()> {
+        let last = {
+            let mut handles = self.open_handles.lock();
+            match handles.get_mut(&ino) {
+                Some(count) if *count > 1 => {
+                    *count -= 1;
+                    false
+                }
+                Some(_) => {
+                    handles.remove(&ino);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !last || self.volume.is_read_only() {
+            return Ok(());
+        }
+        self.volume.run(true, |tx| {
+            if self.open_handles.lock().contains_key(&ino) {
+                return Ok(()); // Reopened meanwhile.
+            }
+            match tx.get_bytes(inode_key(ino))? {
+                Some(bytes) if Inode::decode(&bytes)?.nlink == 0 => destroy(tx, ino),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    pub fn setxattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> Result<()> {
+        if name.is_empty() || name.len() > NAME_BYTES_MAX {
+            return posix(libc::ERANGE);
+        }
+        if value.len() > XATTR_VALUE_BYTES_MAX {
+            return posix(libc::E2BIG);
+        }
+        self.volume.run(true, |tx| {
+            let mut inode = load_inode(tx, ino)?;
+            let existing =
+                find_hashed(tx, ino, rtype::XATTR, name, |b| Ok(Xattr::decode(b)?.name))?;
+            let slot = match (existing, create, replace) {
+                (Some(_), true, _) => return fail(libc::EEXIST),
+                (None, _, true) => return fail(libc::ENODATA),
+                (Some((slot, _)), _, _) => slot,
+                (None, _, _) => free_slot(tx, ino, rtype::XATTR, name)?,
+            };
+            let record = Xattr {
+                name: name.to_vec(),
+                value: value.to_vec(),
+            };
+            tx.put(
+                LogicalKey {
+                    obj: ino,
+                    rtype: rtype::XATTR,
+                    key: slot,
+                },
+                Some(Arc::new(record.encode())),
+            )?;
+            inode.ctime = Timestamp::now();
+            store_inode(tx, ino, &inode)
+        })
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.volume.run(false, |tx| {
+            load_inode(tx, ino)?;
+            match find_hashed(tx, ino, rtype::XATTR, name, |b| Ok(Xattr::decode(b)?.name))? {
+                Some((_, bytes)) => Ok(Xattr::decode(&bytes)?.value),
+                None => fail(libc::ENODATA),
+            }
+        })
+    }
+
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.volume.run(false, |tx| {
+            load_inode(tx, ino)?;
+            let mut names = Vec::new();
+            for (_, value) in tx.range(ino, rtype::XATTR, 0, u64::MAX, usize::MAX)? {
+                names.push(Xattr::decode(&tx.resolve(&value)?)?.name);
+            }
+            Ok(names)
+        })
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.volume.run(true, |tx| {
+            let mut inode = load_inode(tx, ino)?;
+            match find_hashed(tx, ino, rtype::XATTR, name, |b| Ok(Xattr::decode(b)?.name))? {
+                Some((slot, _)) => {
+                    tx.put(
+                        LogicalKey {
+                            obj: ino,
+                            rtype: rtype::XATTR,
+                            key: slot,
+                        },
+                        None,
+                    )?;
+                    inode.ctime = Timestamp::now();
+                    store_inode(tx, ino, &inode)
+                }
+                None => fail(libc::ENODATA),
+            }
+        })
+    }
+
+    // ---- Paths -------------------------------------------------------------------------
+
+    /// Resolves an absolute or root-relative path (no symlink following) to an object id.
+    pub fn resolve(&self, path: &str) -> Result<u64> {
+        let mut ino = ROOT_OBJ;
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            ino = self.lookup(ino, part.as_bytes())?.ino;
+        }
+        Ok(ino)
+    }
+
+    fn split_parent<'p>(&self, path: &'p str) -> Result<(u64, &'p str)> {
+        let trimmed = path.trim_end_matches('/');
+        let (dir, name) = match trimmed.rfind('/') {
+            Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+            None => ("", trimmed),
+        };
+        if name.is_empty() {
+            return Err(Error::Invalid(format!("path {path:?} names no entry")));
+        }
+        Ok((self.resolve(dir)?, name))
+    }
+
+    /// Creates or replaces a regular file with `bytes`.
+    pub fn write_file(&self, path: &str, bytes: &[u8]) -> Result<u64> {
+        let (parent, name) = self.split_parent(path)?;
+        let ino = match self.lookup(parent, name.as_bytes()) {
+            Ok(attr) => {
+                self.setattr(
+                    attr.ino,
+                    &SetAttr {
+                        size: Some(0),
+                        ..Default::default()
+                    },
+                )?;
+                attr.ino
+            }
+            Err(Error::Posix(libc::ENOENT)) => {
+                self.mknod(Caller::ROOT, parent, name.as_bytes(), kind::FILE | 0o644, 0)?
+                    .ino
+            }
+            Err(e) => return Err(e),
+        };
+        let mut offset = 0;
+        for piece in bytes.chunks(1 << 20) {
+            self.write(ino, offset, piece)?;
+            offset += piece.len() as u64;
+        }
+        Ok(ino)
+    }
+
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        let ino = self.resolve(path)?;
+        read_all(|offset, size| self.read(ino, offset, size))
+    }
+
+    pub fn mkdir_path(&self, path: &str) -> Result<u64> {
+        let (parent, name) = self.split_parent(path)?;
+        Ok(self
+            .mkdir(Caller::ROOT, parent, name.as_bytes(), 0o755)?
+            .ino)
+    }
+
+    /// Removes a file, symlink or empty directory.
+    pub fn remove_path(&self, path: &str) -> Result<()> {
+        let (parent, name) = self.split_parent(path)?;
+        match self.unlink(parent, name.as_bytes()) {
+            Err(Error::Posix(libc::EISDIR)) => self.rmdir(parent, name.as_bytes()),
+            other => other,
+        }
+    }
+
+    pub fn rename_path(&self, from: &str, to: &str) -> Result<()> {
+        let (parent, name) = self.split_parent(from)?;
+        let (new_parent, new_name) = self.split_parent(to)?;
+        self.rename(
+            parent,
+            name.as_bytes(),
+            new_parent,
+            new_name.as_bytes(),
+            RenameFlags::default(),
+        )
+    }
+
+    /// Names in a directory, without "." and "..", in cookie order.
+    pub fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let ino = self.resolve(path)?;
+        list_all(|cookie| self.readdir(ino, cookie, 1024))
+    }
+}
+
+/// Reads a whole file through a positional reader.
+pub(crate) fn read_all(mut read: impl FnMut(u64, u32) -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let piece = read(out.len() as u64, 1 << 20)?;
+        if piece.is_empty() {
+            return Ok(out);
+        }
+        out.extend_from_slice(&piece);
+    }
+}
+
+pub(crate) fn list_all(
+    mut readdir: impl FnMut(u64) -> Result<Vec<DirEntry>>,
+) -> Result<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let batch = readdir(cookie)?;
+        let Some(last) = batch.last() else {
+            return Ok(out);
+        };
+        cookie = last.cookie;
+        out.extend(
+            batch
+                .into_iter()
+                .filter(|e| e.name != b"." && e.name != b".."),
+        );
+    }
+}
+
+impl Drop for Filesystem {
+    fn drop(&mut self) {
+        self.volume.stop_committer();
+        if let Some(handle) = self.committer.lock().take() {
+            let _ = handle.join();
+        }
+    }
+}

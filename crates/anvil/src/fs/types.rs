@@ -1,0 +1,170 @@
+//! Types of the filesystem API.
+
+use crate::format::record::{kind, Inode, Timestamp};
+
+pub use crate::format::record::Timestamp as Time;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl FileKind {
+    pub fn from_mode(mode: u32) -> FileKind {
+        match mode & kind::MASK {
+            kind::DIR => FileKind::Dir,
+            kind::SYMLINK => FileKind::Symlink,
+            kind::FIFO => FileKind::Fifo,
+            kind::SOCKET => FileKind::Socket,
+            kind::CHAR => FileKind::CharDevice,
+            kind::BLOCK => FileKind::BlockDevice,
+            _ => FileKind::File,
+        }
+    }
+}
+
+/// Attributes of an object, as stat reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: FileKind,
+    /// Full mode: type and permission bits.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// 512-byte blocks.
+    pub blocks: u64,
+    pub rdev: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub btime: Timestamp,
+    pub flags: u32,
+}
+
+impl Attr {
+    pub(crate) fn from_inode(ino: u64, inode: &Inode) -> Attr {
+        Attr {
+            ino,
+            kind: FileKind::from_mode(inode.mode),
+            mode: inode.mode,
+            nlink: inode.nlink,
+            uid: inode.uid,
+            gid: inode.gid,
+            size: inode.size,
+            blocks: inode.size.div_ceil(4096) * 8,
+            rdev: inode.rdev,
+            atime: inode.atime,
+            mtime: inode.mtime,
+            ctime: inode.ctime,
+            btime: inode.btime,
+            flags: inode.flags,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: FileKind,
+    /// Resume a listing after this entry by passing this cookie.
+    pub cookie: u64,
+}
+
+/// A time to set: now, or a given time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSet {
+    Now,
+    At(Timestamp),
+}
+
+/// Attribute changes for `setattr`; None leaves a field alone.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    pub ctime: Option<Timestamp>,
+}
+
+/// Who is asking: owner of anything created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Caller {
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct StatFs {
+    pub block_bytes: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_available: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_bytes_max: u32,
+}
+
+/// How a volume is opened.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Memory for cached nodes plus pending changes.
+    pub cache_bytes: u64,
+    /// Overwrites and deletes destroy old versions instead of keeping history.
+    pub nohistory: bool,
+    pub read_only: bool,
+    /// Background commit interval.
+    pub commit_interval_ms: u64,
+}
+
+impl Default for MountOptions {
+    fn default() -> MountOptions {
+        MountOptions {
+            cache_bytes: 256 << 20,
+            nohistory: false,
+            read_only: false,
+            commit_interval_ms: 5000,
+        }
+    }
+}
+
+/// Summary of a volume for `anvil info`.
+#[derive(Clone, Debug)]
+pub struct VolumeInfo {
+    pub label: String,
+    pub volume_id: String,
+    pub volume_bytes: u64,
+    pub data_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub reserve_bytes: u64,
+    pub committed_tid: u64,
+    pub commit_time_ns: u64,
+    pub created_time_ns: u64,
+    pub objects_allocated: u64,
+    pub pending_bytes: u64,
+    pub cache_bytes: u64,
+    pub read_only: bool,
+}

@@ -1,0 +1,210 @@
+//! Space allocation for the data area (tree nodes and data extents).
+//!
+//! The free map lives in memory as coalesced byte ranges. It is rebuilt at mount by walking
+//! the tree (every node and every extent referenced by any element, history included), so it
+//! can never leak or double-allocate across a crash. Space freed by a commit is handed back
+//! only after that commit is durable and no reader still holds the old root (see
+//! `volume::RootRef`).
+
+use crate::error::{Error, Result};
+use crate::format::BLOCK_BYTES;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+
+pub struct Space {
+    inner: Mutex<Inner>,
+    data_offset: u64,
+    volume_bytes: u64,
+    reserve_bytes: u64,
+}
+
+struct Inner {
+    /// start -> length, coalesced, block aligned.
+    free: BTreeMap<u64, u64>,
+    free_bytes: u64,
+    /// Next-fit cursor: consecutive allocations land side by side.
+    cursor: u64,
+}
+
+/// Who is asking: ordinary writes stop at the reserve, commits and maintenance may use it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Purpose {
+    Data,
+    Metadata,
+}
+
+impl Space {
+    /// A space map with the whole data area free.
+    pub fn new(data_offset: u64, volume_bytes: u64) -> Space {
+        let data_bytes = volume_bytes - data_offset;
+        let mut free = BTreeMap::new();
+        free.insert(data_offset, data_bytes);
+        Space {
+            inner: Mutex::new(Inner {
+                free,
+                free_bytes: data_bytes,
+                cursor: data_offset,
+            }),
+            data_offset,
+            volume_bytes,
+            reserve_bytes: (data_bytes / 20)
+                .clamp(BLOCK_BYTES * 64, 256 << 20)
+                .min(data_bytes / 4),
+        }
+    }
+
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+    pub fn volume_bytes(&self) -> u64 {
+        self.volume_bytes
+    }
+    pub fn data_bytes(&self) -> u64 {
+        self.volume_bytes - self.data_offset
+    }
+    pub fn free_bytes(&self) -> u64 {
+        self.inner.lock().free_bytes
+    }
+    pub fn used_bytes(&self) -> u64 {
+        self.data_bytes() - self.free_bytes()
+    }
+    /// Bytes kept back from ordinary writes so that deletes and commits still work when full.
+    pub fn reserve_bytes(&self) -> u64 {
+        self.reserve_bytes
+    }
+
+    /// Allocates `bytes` (rounded up to whole blocks).
+    pub fn allocate(&self, bytes: u64, purpose: Purpose) -> Result<u64> {
+        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let mut inner = self.inner.lock();
+        let floor = if purpose == Purpose::Data {
+            self.reserve_bytes
+        } else {
+            0
+        };
+        if inner.free_bytes < bytes + floor {
+            return Err(Error::NoSpace);
+        }
+        let cursor = inner.cursor;
+        let found = inner
+            .free
+            .range(..cursor)
+            .next_back()
+            .filter(|(s, l)| *s + *l >= cursor + bytes)
+            .map(|_| cursor)
+            .or_else(|| {
+                inner
+                    .free
+                    .range(cursor..)
+                    .find(|(_, l)| **l >= bytes)
+                    .map(|(s, _)| *s)
+            })
+            .or_else(|| {
+                inner
+                    .free
+                    .iter()
+                    .find(|(_, l)| **l >= bytes)
+                    .map(|(s, _)| *s)
+            });
+        let Some(start) = found else {
+            return Err(Error::NoSpace);
+        };
+        Self::take(&mut inner, start, bytes);
+        inner.cursor = start + bytes;
+        Ok(start)
+    }
+
+    /// Marks a range in use (mount-time rebuild). Fails if any part is already in use.
+    pub fn mark_used(&self, start: u64, bytes: u64) -> Result<()> {
+        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let mut inner = self.inner.lock();
+        let contains = inner
+            .free
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(s, l)| *s <= start && start + bytes <= s + l);
+        if !contains || start % BLOCK_BYTES != 0 {
+            return Err(Error::corrupt(
+                "space referenced twice or outside the data area",
+                format!("bytes {start}..{}", start + bytes),
+            ));
+        }
+        Self::take(&mut inner, start, bytes);
+        Ok(())
+    }
+
+    fn take(inner: &mut Inner, start: u64, bytes: u64) {
+        let (&range_start, &range_len) = inner
+            .free
+            .range(..=start)
+            .next_back()
+            .expect("caller checked containment");
+        debug_assert!(range_start <= start && start + bytes <= range_start + range_len);
+        inner.free.remove(&range_start);
+        if start > range_start {
+            inner.free.insert(range_start, start - range_start);
+        }
+        let end = start + bytes;
+        if end < range_start + range_len {
+            inner.free.insert(end, range_start + range_len - end);
+        }
+        inner.free_bytes -= bytes;
+    }
+
+    /// Returns a range to the free map, coalescing with neighbours.
+    pub fn release(&self, start: u64, bytes: u64) {
+        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let mut inner = self.inner.lock();
+        debug_assert!(start >= self.data_offset && start + bytes <= self.volume_bytes);
+        let mut new_start = start;
+        let mut new_len = bytes;
+        if let Some((&s, &l)) = inner.free.range(..start).next_back() {
+            assert!(s + l <= start, "double free at {start}");
+            if s + l == start {
+                inner.free.remove(&s);
+                new_start = s;
+                new_len += l;
+            }
+        }
+        if let Some((&s, &l)) = inner.free.range(start..).next() {
+            assert!(start + bytes <= s, "double free at {start}");
+            if start + bytes == s {
+                inner.free.remove(&s);
+                new_len += l;
+            }
+        }
+        inner.free.insert(new_start, new_len);
+        inner.free_bytes += bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_contiguous_and_coalesce() {
+        let space = Space::new(8192, 8192 + 1024 * 4096);
+        let a = space.allocate(4096, Purpose::Data).unwrap();
+        let b = space.allocate(10000, Purpose::Data).unwrap();
+        assert_eq!(b, a + 4096);
+        space.release(a, 4096);
+        space.release(b, 10000);
+        assert_eq!(space.free_bytes(), 1024 * 4096);
+        space.mark_used(8192 + 4096, 4096).unwrap();
+        assert!(space.mark_used(8192 + 4096, 4096).is_err());
+    }
+
+    #[test]
+    fn data_stops_at_reserve_metadata_does_not() {
+        let space = Space::new(0, 256 * 4096);
+        let reserve = space.reserve_bytes();
+        let data_total = 256 * 4096 - reserve;
+        space.allocate(data_total, Purpose::Data).unwrap();
+        assert!(matches!(
+            space.allocate(4096, Purpose::Data),
+            Err(Error::NoSpace)
+        ));
+        space.allocate(4096, Purpose::Metadata).unwrap();
+    }
+}

@@ -1,0 +1,856 @@
+//! The transaction layer: flush groups, commits, the redo log, recovery and as-of reads.
+//!
+//! Changes collect in the active `Overlay`. A commit freezes it (readers still see it), writes
+//! data extents and copy-on-write tree nodes to free space, flushes, writes the superblock
+//! copy for the new sequence number, flushes again, and only then publishes the new root.
+//! `sync_log` (fsync) appends the pending changes to the redo log instead of committing.
+//!
+//! Locking: `state` is held only for in-memory work. An operation runs as a `Tx` that reads
+//! tree nodes from the cache only; on a miss it stops, the lock is released, the node is
+//! read, and the operation is retried with the node pinned. `commit_lock` serializes commits
+//! and log appends with each other (it is the only lock held across device I/O, and no
+//! ordinary operation takes it).
+
+mod extent;
+mod overlay;
+mod tx;
+
+pub use extent::{decode_extent, encode_extent};
+pub use overlay::{Overlay, Pending, Value};
+pub use tx::Tx;
+
+use crate::btree::cache::NodeCache;
+use crate::btree::commit::{apply, CommitContext, Mutation};
+use crate::btree::{self, Loader, Need, Root, Stop};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::format::log::{LogBatch, LogEntry};
+use crate::format::node::Node;
+use crate::format::record::{
+    rtype, Element, ExtentRef, Key, LogicalKey, Payload, Timestamp, DATA_INLINE_BYTES_MAX,
+    VOLUME_OBJ,
+};
+use crate::format::superblock::{Superblock, LABEL_BYTES};
+use crate::format::{
+    VolumeId, BLOCK_BYTES, LOG_OFFSET, NODE_BYTES, SUPERBLOCK_OFFSETS, VOLUME_BYTES_MIN,
+};
+use crate::space::{Purpose, Space};
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Tuning of an open volume.
+#[derive(Clone, Debug)]
+pub struct VolumeOptions {
+    /// Memory budget for cached nodes plus pending changes.
+    pub cache_bytes: u64,
+    /// Overwrites and deletes destroy old versions instead of keeping history.
+    pub nohistory: bool,
+    pub read_only: bool,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> VolumeOptions {
+        VolumeOptions {
+            cache_bytes: 256 << 20,
+            nohistory: false,
+            read_only: false,
+        }
+    }
+}
+
+/// A tree root shared by readers. Space freed by the commit that replaced this root is
+/// attached here and returned to the allocator when the last reader lets go.
+pub struct RootRef {
+    pub root: Root,
+    pub tid: u64,
+    release: Mutex<Vec<(u64, u64)>>,
+    space: Arc<Space>,
+}
+
+impl Drop for RootRef {
+    fn drop(&mut self) {
+        for (offset, bytes) in self.release.get_mut().drain(..) {
+            self.space.release(offset, bytes);
+        }
+    }
+}
+
+pub(crate) struct State {
+    pub active: Overlay,
+    pub frozen: Option<Arc<Overlay>>,
+    pub root: Arc<RootRef>,
+    pub next_obj: u64,
+    pub superblock: Superblock,
+}
+
+struct LogCursor {
+    seq: u64,
+    used_bytes: u64,
+}
+
+pub struct Volume {
+    device: Arc<dyn Device>,
+    volume_id: VolumeId,
+    cache: NodeCache,
+    space: Arc<Space>,
+    state: Mutex<State>,
+    commit_lock: Mutex<LogCursor>,
+    options: VolumeOptions,
+    read_only: AtomicBool,
+    /// Signalled after each commit (writers waiting for memory) and to wake the committer.
+    commit_signal: (Mutex<u64>, Condvar),
+    pending_bytes_max: u64,
+    stop_committer: AtomicBool,
+}
+
+/// Summary numbers for `anvil info`.
+#[derive(Clone, Debug)]
+pub struct Usage {
+    pub volume_bytes: u64,
+    pub data_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub reserve_bytes: u64,
+    pub committed_tid: u64,
+    pub commit_time_ns: u64,
+    pub created_time_ns: u64,
+    pub next_obj: u64,
+    pub pending_bytes: u64,
+    pub cache_bytes: u64,
+    pub label: String,
+    pub volume_id: VolumeId,
+}
+
+fn now_ns() -> u64 {
+    Timestamp::now().as_ns()
+}
+
+impl Volume {
+    /// Writes a new, empty volume (the tree holds nothing; the filesystem layer adds the root
+    /// directory in its first commit).
+    pub fn format(device: &dyn Device, volume_bytes: u64, label: &str) -> Result<Superblock> {
+        let volume_bytes = volume_bytes / BLOCK_BYTES * BLOCK_BYTES;
+        if volume_bytes < VOLUME_BYTES_MIN {
+            return Err(Error::Invalid(format!(
+                "volume size {volume_bytes} is below the minimum of {VOLUME_BYTES_MIN} bytes"
+            )));
+        }
+        if label.len() > LABEL_BYTES {
+            return Err(Error::Invalid(format!(
+                "label longer than {LABEL_BYTES} bytes"
+            )));
+        }
+        let log_bytes = (volume_bytes / 64).clamp(1 << 20, 64 << 20) / BLOCK_BYTES * BLOCK_BYTES;
+        let mut label_bytes = [0u8; LABEL_BYTES];
+        label_bytes[..label.len()].copy_from_slice(label.as_bytes());
+        let volume_id: VolumeId = rand::random();
+        let now = now_ns();
+        let sb = Superblock {
+            volume_id,
+            seq: 0,
+            volume_bytes,
+            root_address: 0,
+            root_level: 0,
+            committed_tid: 1,
+            next_tid: 2,
+            next_obj: 2,
+            log_offset: LOG_OFFSET,
+            log_bytes,
+            commit_time_ns: now,
+            created_time_ns: now,
+            used_bytes: 0,
+            data_offset: LOG_OFFSET + log_bytes,
+            label: label_bytes,
+        };
+        sb.validate(sb.address())?;
+        device.set_len(volume_bytes)?;
+        // Clear the other superblock slot and the first log block so stale bytes of a
+        // previous filesystem are never mistaken for ours.
+        let zero = vec![0u8; BLOCK_BYTES as usize];
+        device.write_at(&zero, SUPERBLOCK_OFFSETS[1])?;
+        device.write_at(&zero, LOG_OFFSET)?;
+        device.write_at(&sb.encode(), sb.address())?;
+        device.flush()?;
+        Ok(sb)
+    }
+
+    /// Reads the newest valid superblock.
+    pub fn read_superblock(device: &dyn Device) -> Result<Superblock> {
+        let device_bytes = device.len()?;
+        if device_bytes < 2 * BLOCK_BYTES {
+            return Err(Error::NotAnvil(format!(
+                "image is only {device_bytes} bytes"
+            )));
+        }
+        let mut best: Option<Superblock> = None;
+        let mut first_error = None;
+        for offset in SUPERBLOCK_OFFSETS {
+            let mut buf = vec![0u8; BLOCK_BYTES as usize];
+            device.read_at(&mut buf, offset)?;
+            match Superblock::decode(&buf, offset) {
+                Ok(sb) if best.as_ref().is_none_or(|b| sb.seq > b.seq) => best = Some(sb),
+                Ok(_) => {}
+                Err(e) => {
+                    let has_magic = buf[..4] == crate::format::BLOCK_MAGIC.to_le_bytes();
+                    if has_magic && first_error.is_none() {
+                        first_error = Some(e);
+                    }
+                }
+            }
+        }
+        let Some(sb) = best else {
+            return Err(match first_error {
+                Some(e @ Error::Version { .. }) => e,
+                Some(e) => Error::corrupt(
+                    format!("no valid superblock ({e})"),
+                    "superblocks at bytes 0 and 4096",
+                ),
+                None => Error::NotAnvil("no anvil superblock found".to_string()),
+            });
+        };
+        if device_bytes < sb.volume_bytes {
+            return Err(Error::corrupt(
+                format!(
+                    "image truncated: {device_bytes} bytes, volume needs {}",
+                    sb.volume_bytes
+                ),
+                "device end",
+            ));
+        }
+        Ok(sb)
+    }
+
+    /// Opens a volume: newest superblock, space map rebuilt from the tree, redo log replayed.
+    pub fn open(device: Arc<dyn Device>, options: VolumeOptions) -> Result<Arc<Volume>> {
+        let sb = Self::read_superblock(&*device)?;
+        let space = Arc::new(Space::new(sb.data_offset, sb.volume_bytes));
+        let cache = NodeCache::new((options.cache_bytes / 2) as usize);
+        let root = Root {
+            address: sb.root_address,
+            level: sb.root_level,
+        };
+        {
+            let loader = Loader {
+                device: &*device,
+                cache: &cache,
+                volume_id: sb.volume_id,
+            };
+            walk_space(&loader, &space, root)?;
+        }
+        let pending_bytes_max = (options.cache_bytes / 4).max(4 << 20);
+        let root_ref = Arc::new(RootRef {
+            root,
+            tid: sb.committed_tid,
+            release: Mutex::new(Vec::new()),
+            space: space.clone(),
+        });
+        let volume = Arc::new(Volume {
+            device,
+            volume_id: sb.volume_id,
+            cache,
+            space,
+            state: Mutex::new(State {
+                active: Overlay::new(sb.next_tid),
+                frozen: None,
+                root: root_ref,
+                next_obj: sb.next_obj,
+                superblock: sb,
+            }),
+            commit_lock: Mutex::new(LogCursor {
+                seq: 0,
+                used_bytes: 0,
+            }),
+            read_only: AtomicBool::new(options.read_only),
+            options,
+            commit_signal: (Mutex::new(0), Condvar::new()),
+            pending_bytes_max,
+            stop_committer: AtomicBool::new(false),
+        });
+        let replayed = volume.replay_log()?;
+        if replayed > 0 && !volume.is_read_only() {
+            volume.commit()?;
+        }
+        Ok(volume)
+    }
+
+    /// Replays redo-log batches of the current epoch into the active overlay.
+    fn replay_log(&self) -> Result<usize> {
+        let sb = self.state.lock().superblock.clone();
+        let mut offset = 0u64;
+        let mut seq = 0u64;
+        let mut replayed = 0;
+        while offset + BLOCK_BYTES <= sb.log_bytes {
+            let mut first = vec![0u8; BLOCK_BYTES as usize];
+            self.device.read_at(&mut first, sb.log_offset + offset)?;
+            let Some(total) = LogBatch::claimed_bytes(&first, sb.log_bytes - offset) else {
+                break;
+            };
+            let mut bytes = vec![0u8; total as usize];
+            self.device.read_at(&mut bytes, sb.log_offset + offset)?;
+            let Ok(batch) = LogBatch::decode(&bytes, &self.volume_id, sb.log_offset + offset)
+            else {
+                break;
+            };
+            if batch.epoch != sb.committed_tid || batch.seq != seq {
+                break;
+            }
+            let mut st = self.state.lock();
+            st.next_obj = st.next_obj.max(batch.next_obj);
+            for entry in batch.entries {
+                let replaces = st
+                    .active
+                    .map
+                    .get(&entry.lk)
+                    .map_or(entry.replaces, |p| p.replaces);
+                let pending = Pending {
+                    value: entry.value.map(Arc::new),
+                    replaces,
+                    nohistory: self.options.nohistory,
+                };
+                st.active.insert(entry.lk, pending);
+            }
+            drop(st);
+            replayed += 1;
+            seq += 1;
+            offset += total;
+        }
+        if replayed > 0 {
+            log::info!("replayed {replayed} redo log batches");
+        }
+        let mut cursor = self.commit_lock.lock();
+        cursor.seq = seq;
+        cursor.used_bytes = offset;
+        Ok(replayed)
+    }
+
+    pub fn volume_id(&self) -> VolumeId {
+        self.volume_id
+    }
+    pub fn options(&self) -> &VolumeOptions {
+        &self.options
+    }
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+    pub fn device(&self) -> &dyn Device {
+        &*self.device
+    }
+    pub(crate) fn loader(&self) -> Loader<'_> {
+        Loader {
+            device: &*self.device,
+            cache: &self.cache,
+            volume_id: self.volume_id,
+        }
+    }
+
+    /// Switches the volume to read-only after a failure that may have left metadata unwritten.
+    pub fn fail_read_only(&self, why: &Error) {
+        if !self.read_only.swap(true, Ordering::AcqRel) {
+            log::error!("switching volume to read-only: {why}");
+        }
+    }
+
+    /// TID of the newest commit: the newest point history can be read at.
+    pub fn committed_tid(&self) -> u64 {
+        self.state.lock().superblock.committed_tid
+    }
+
+    pub fn usage(&self) -> Usage {
+        let st = self.state.lock();
+        let sb = &st.superblock;
+        let label_end = sb.label.iter().position(|&b| b == 0).unwrap_or(LABEL_BYTES);
+        Usage {
+            volume_bytes: sb.volume_bytes,
+            data_bytes: self.space.data_bytes(),
+            used_bytes: self.space.used_bytes(),
+            free_bytes: self.space.free_bytes(),
+            reserve_bytes: self.space.reserve_bytes(),
+            committed_tid: sb.committed_tid,
+            commit_time_ns: sb.commit_time_ns,
+            created_time_ns: sb.created_time_ns,
+            next_obj: st.next_obj,
+            pending_bytes: st.active.pending_bytes
+                + st.frozen.as_ref().map_or(0, |f| f.pending_bytes),
+            cache_bytes: self.cache.memory_bytes() as u64,
+            label: String::from_utf8_lossy(&sb.label[..label_end]).into_owned(),
+            volume_id: sb.volume_id,
+        }
+    }
+
+    /// Runs `op` as a transaction: atomic with respect to every other operation, and never
+    /// holding the state lock across device I/O (misses are loaded outside and retried).
+    pub fn run<T>(&self, write: bool, mut op: impl FnMut(&mut Tx<'_>) -> Step<T>) -> Result<T> {
+        if write && self.is_read_only() {
+            return Err(Error::ReadOnly);
+        }
+        let mut pinned_nodes: HashMap<u64, Arc<Node>> = HashMap::new();
+        let mut pinned_extents: HashMap<ExtentRef, Arc<Vec<u8>>> = HashMap::new();
+        loop {
+            let need = {
+                let mut st = self.state.lock();
+                let mut tx = Tx::new(self, &mut st, &pinned_nodes, &pinned_extents);
+                match op(&mut tx) {
+                    Ok(value) => {
+                        tx.finish();
+                        return Ok(value);
+                    }
+                    Err(Stop::Fail(e)) => return Err(e),
+                    Err(Stop::Need(need)) => need,
+                }
+            };
+            match need {
+                Need::Node { address, level } => {
+                    let node = self.loader().load(address, level).inspect_err(|e| {
+                        if matches!(e, Error::Corrupt { .. }) {
+                            self.fail_read_only(e);
+                        }
+                    })?;
+                    pinned_nodes.insert(address, node);
+                }
+                Need::Extent(extent) => {
+                    let bytes = self.read_extent(&extent)?;
+                    pinned_extents.insert(extent, Arc::new(bytes));
+                }
+            }
+        }
+    }
+
+    /// Reads and verifies one extent. A checksum mismatch is an error, never data.
+    pub fn read_extent(&self, extent: &ExtentRef) -> Result<Vec<u8>> {
+        let end = extent.offset.checked_add(extent.stored_bytes as u64);
+        if end.is_none_or(|e| e > self.space.volume_bytes())
+            || extent.offset < self.space.data_offset()
+        {
+            return Err(Error::corrupt(
+                "extent outside the data area",
+                extent_location(extent),
+            ));
+        }
+        let mut stored = vec![0u8; extent.stored_bytes as usize];
+        self.device.read_at(&mut stored, extent.offset)?;
+        decode_extent(extent, &stored)
+    }
+
+    /// Current root for lock-free readers (as-of views, `check`).
+    pub fn root(&self) -> Arc<RootRef> {
+        self.state.lock().root.clone()
+    }
+
+    /// Elements of the committed tree with `lo <= key <= hi`, visible as of `tid`.
+    pub fn range_at(
+        &self,
+        tid: u64,
+        lo: LogicalKey,
+        hi: LogicalKey,
+        limit: usize,
+    ) -> Result<Vec<(LogicalKey, Value)>> {
+        let root = self.root();
+        if tid > root.tid {
+            return Err(Error::Invalid(format!(
+                "TID {tid:#018x} is newer than the last commit {:#018x}",
+                root.tid
+            )));
+        }
+        let mut out = Vec::new();
+        let lo_key = Key::new(lo, 0);
+        let hi_key = Key::new(hi, u64::MAX);
+        let loader = self.loader();
+        let result = btree::range(&loader, root.root, &lo_key, &hi_key, &mut |e| {
+            if e.visible_at(tid) {
+                out.push((e.key.logical(), payload_value(&e.payload)));
+            }
+            out.len() < limit
+        });
+        match result {
+            Ok(_) => Ok(out),
+            Err(Stop::Fail(e)) => Err(e),
+            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
+        }
+    }
+
+    /// Blocks a writer while pending changes exceed the memory budget.
+    pub fn throttle(&self) {
+        loop {
+            let pending = self.state.lock().active.pending_bytes;
+            if pending <= self.pending_bytes_max {
+                return;
+            }
+            self.wake_committer();
+            let mut generation = self.commit_signal.0.lock();
+            let seen = *generation;
+            self.commit_signal.1.wait_while_for(
+                &mut generation,
+                |g| *g == seen,
+                Duration::from_millis(100),
+            );
+        }
+    }
+
+    /// True when pending changes should be committed soon (memory pressure).
+    pub fn wants_commit(&self) -> bool {
+        self.state.lock().active.pending_bytes > self.pending_bytes_max / 2
+    }
+
+    /// Bytes of new data the active group may still hold before writes get ENOSPC.
+    pub fn check_space(&self, new_bytes: u64) -> Result<()> {
+        let pending = {
+            let st = self.state.lock();
+            st.active.pending_bytes + st.frozen.as_ref().map_or(0, |f| f.pending_bytes)
+        };
+        // Pending bytes also bound the node space a commit needs (~64 bytes per change,
+        // counted in `pending_bytes`, copied up the tree).
+        let free = self
+            .space
+            .free_bytes()
+            .saturating_sub(self.space.reserve_bytes());
+        if pending + new_bytes > free {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    pub fn wake_committer(&self) {
+        self.commit_signal.1.notify_all();
+    }
+
+    /// Starts the background committer: commits every `interval`, or sooner under memory
+    /// pressure. Stops when `stop_committer` is called.
+    pub fn start_committer(self: &Arc<Self>, interval: Duration) -> std::thread::JoinHandle<()> {
+        let volume = self.clone();
+        std::thread::Builder::new()
+            .name("anvil-commit".into())
+            .spawn(move || {
+                let mut last = std::time::Instant::now();
+                while !volume.stop_committer.load(Ordering::Acquire) {
+                    {
+                        let mut generation = volume.commit_signal.0.lock();
+                        volume
+                            .commit_signal
+                            .1
+                            .wait_for(&mut generation, Duration::from_millis(50));
+                    }
+                    let due = last.elapsed() >= interval || volume.wants_commit();
+                    let dirty = !volume.state.lock().active.is_empty();
+                    if due && dirty && !volume.is_read_only() {
+                        if let Err(e) = volume.commit() {
+                            log::error!("background commit failed: {e}");
+                        }
+                        last = std::time::Instant::now();
+                    } else if due {
+                        last = std::time::Instant::now();
+                    }
+                }
+            })
+            .expect("spawning the commit thread")
+    }
+
+    pub fn stop_committer(&self) {
+        self.stop_committer.store(true, Ordering::Release);
+        self.wake_committer();
+    }
+
+    /// Commits the active flush group now. Returns the durable TID.
+    pub fn commit(&self) -> Result<u64> {
+        let mut cursor = self.commit_lock.lock();
+        self.commit_locked(&mut cursor)
+    }
+
+    fn commit_locked(&self, cursor: &mut LogCursor) -> Result<u64> {
+        if self.is_read_only() {
+            return Err(Error::ReadOnly);
+        }
+        let (frozen, old_root, superblock) = {
+            let mut st = self.state.lock();
+            let tid = st.active.tid;
+            let overlay = std::mem::replace(&mut st.active, Overlay::new(tid + 1));
+            let frozen = Arc::new(overlay);
+            st.frozen = Some(frozen.clone());
+            let mut sb = st.superblock.clone();
+            sb.next_obj = st.next_obj;
+            (frozen, st.root.clone(), sb)
+        };
+        match self.write_commit(&frozen, &old_root, superblock) {
+            Ok((new_root, freed, sb)) => {
+                let tid = sb.committed_tid;
+                {
+                    let mut st = self.state.lock();
+                    old_root.release.lock().extend(freed);
+                    st.root = Arc::new(RootRef {
+                        root: new_root,
+                        tid,
+                        release: Mutex::new(Vec::new()),
+                        space: self.space.clone(),
+                    });
+                    st.frozen = None;
+                    st.superblock = sb;
+                }
+                drop(old_root);
+                cursor.seq = 0;
+                cursor.used_bytes = 0;
+                *self.commit_signal.0.lock() += 1;
+                self.commit_signal.1.notify_all();
+                Ok(tid)
+            }
+            Err(e) => {
+                // The frozen group stays visible in memory, but nothing more can be made
+                // durable safely: stop accepting changes.
+                self.fail_read_only(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_commit(
+        &self,
+        frozen: &Overlay,
+        old_root: &RootRef,
+        previous: Superblock,
+    ) -> Result<(Root, Vec<(u64, u64)>, Superblock)> {
+        let tid = frozen.tid;
+        let mut mutations: Vec<Mutation> = Vec::with_capacity(frozen.map.len() * 2 + 1);
+        let mut data: Vec<(usize, Vec<u8>, u8, u32)> = Vec::new();
+        for (lk, pending) in &frozen.map {
+            if pending.replaces != 0 {
+                let old = Key::new(*lk, pending.replaces);
+                mutations.push(if pending.nohistory || self.options.nohistory {
+                    Mutation::Remove(old)
+                } else {
+                    Mutation::MarkDeleted(old)
+                });
+            }
+            let Some(value) = &pending.value else {
+                continue;
+            };
+            let payload = if lk.rtype == rtype::DATA && value.len() > DATA_INLINE_BYTES_MAX {
+                let (stored, compression) = encode_extent(value);
+                data.push((mutations.len(), stored, compression, value.len() as u32));
+                Payload::Inline(Vec::new()) // replaced below once the extent is placed
+            } else {
+                Payload::Inline(value.to_vec())
+            };
+            mutations.push(Mutation::Insert(Element {
+                key: Key::new(*lk, tid),
+                delete_tid: 0,
+                payload,
+            }));
+        }
+        let commit_time = now_ns();
+        mutations.push(Mutation::Insert(Element {
+            key: Key {
+                obj: VOLUME_OBJ,
+                rtype: rtype::COMMIT,
+                key: tid,
+                create_tid: tid,
+            },
+            delete_tid: 0,
+            payload: Payload::Inline(commit_time.to_le_bytes().to_vec()),
+        }));
+        self.write_extents(&mut mutations, data)?;
+        mutations.sort_by_key(Mutation::key);
+
+        let mut ctx = CommitContext {
+            loader: self.loader(),
+            space: &self.space,
+            tid,
+            freed: Vec::new(),
+            writes: Vec::new(),
+        };
+        let new_root = apply(&mut ctx, old_root.root, &mutations)?;
+        ctx.write_out()?;
+        self.device.flush()?;
+        let sb = Superblock {
+            seq: previous.seq + 1,
+            root_address: new_root.address,
+            root_level: new_root.level,
+            committed_tid: tid,
+            next_tid: tid + 1,
+            commit_time_ns: commit_time,
+            used_bytes: self.space.used_bytes(),
+            ..previous
+        };
+        sb.validate(sb.address())?;
+        self.device.write_at(&sb.encode(), sb.address())?;
+        self.device.flush()?;
+        Ok((new_root, ctx.freed, sb))
+    }
+
+    /// Places compressed extents side by side and writes them in as few requests as possible.
+    fn write_extents(
+        &self,
+        mutations: &mut [Mutation],
+        data: Vec<(usize, Vec<u8>, u8, u32)>,
+    ) -> Result<()> {
+        let mut run_start = 0u64;
+        let mut run: Vec<u8> = Vec::new();
+        for (index, stored, compression, logical_bytes) in data {
+            let allocated = (stored.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+            let offset = self.space.allocate(allocated, Purpose::Metadata)?;
+            if !run.is_empty() && run_start + run.len() as u64 != offset {
+                self.device.write_at(&run, run_start)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = offset;
+            }
+            let extent = ExtentRef {
+                offset,
+                stored_bytes: stored.len() as u32,
+                logical_bytes,
+                checksum: crate::checksum::checksum(&stored),
+                compression,
+            };
+            run.extend_from_slice(&stored);
+            run.resize(run.len() + (allocated as usize - stored.len()), 0);
+            if let Mutation::Insert(element) = &mut mutations[index] {
+                element.payload = Payload::Extent(extent);
+            }
+            if run.len() >= 8 << 20 {
+                self.device.write_at(&run, run_start)?;
+                run_start += run.len() as u64;
+                run.clear();
+            }
+        }
+        if !run.is_empty() {
+            self.device.write_at(&run, run_start)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every change made so far durable through the redo log (fsync). Much cheaper
+    /// than a commit: one sequential write of the changed records and one flush.
+    pub fn sync_log(&self) -> Result<()> {
+        if self.is_read_only() {
+            // Nothing pending can be made durable; if nothing is pending, fsync succeeds.
+            let st = self.state.lock();
+            return if st.active.is_empty() && st.frozen.is_none() {
+                Ok(())
+            } else {
+                Err(Error::ReadOnly)
+            };
+        }
+        let mut cursor = self.commit_lock.lock();
+        let (batch, log_bytes, log_offset) = {
+            let mut st = self.state.lock();
+            if st.active.log_dirty.is_empty() {
+                return Ok(());
+            }
+            let dirty = std::mem::take(&mut st.active.log_dirty);
+            let entries = dirty
+                .into_iter()
+                .filter_map(|lk| {
+                    st.active.map.get(&lk).map(|p| LogEntry {
+                        lk,
+                        replaces: p.replaces,
+                        value: p.value.as_ref().map(|v| v.to_vec()),
+                    })
+                })
+                .collect();
+            let batch = LogBatch {
+                epoch: st.superblock.committed_tid,
+                seq: cursor.seq,
+                next_obj: st.next_obj,
+                entries,
+            };
+            (batch, st.superblock.log_bytes, st.superblock.log_offset)
+        };
+        let address = log_offset + cursor.used_bytes;
+        let bytes = batch.encode(self.volume_id, address);
+        if cursor.used_bytes + bytes.len() as u64 > log_bytes {
+            // The log is full: a commit makes everything durable and empties it.
+            self.commit_locked(&mut cursor)?;
+            return Ok(());
+        }
+        let result = self
+            .device
+            .write_at(&bytes, address)
+            .and_then(|_| self.device.flush());
+        if let Err(e) = result {
+            let e = Error::Io(e);
+            self.fail_read_only(&e);
+            return Err(e);
+        }
+        cursor.seq += 1;
+        cursor.used_bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Drops cached nodes (for benchmarks that want cold caches).
+    pub fn drop_caches(&self) {
+        self.cache.clear();
+    }
+
+    /// Visits every element of the committed tree (for `check` and tools).
+    pub fn scan(&self, visit: &mut dyn FnMut(&Element) -> bool) -> Result<()> {
+        let root = self.root();
+        let loader = self.loader();
+        match btree::range(&loader, root.root, &Key::MIN, &max_key(), visit) {
+            Ok(_) => Ok(()),
+            Err(Stop::Fail(e)) => Err(e),
+            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
+        }
+    }
+}
+
+pub(crate) type Step<T> = btree::Step<T>;
+
+pub(crate) fn max_key() -> Key {
+    Key {
+        obj: u64::MAX,
+        rtype: u8::MAX,
+        key: u64::MAX,
+        create_tid: u64::MAX,
+    }
+}
+
+pub(crate) fn payload_value(payload: &Payload) -> Value {
+    match payload {
+        Payload::Inline(bytes) => Value::Bytes(Arc::new(bytes.clone())),
+        Payload::Extent(extent) => Value::Extent(*extent),
+    }
+}
+
+pub fn extent_location(extent: &ExtentRef) -> String {
+    format!(
+        "extent at byte {} ({} bytes)",
+        extent.offset, extent.stored_bytes
+    )
+}
+
+/// Marks every node and extent reachable from `root` as used.
+fn walk_space(loader: &Loader<'_>, space: &Space, root: Root) -> Result<()> {
+    if root.address == 0 {
+        return Ok(());
+    }
+    let mut stack = vec![(root.address, root.level)];
+    while let Some((address, level)) = stack.pop() {
+        space.mark_used(address, NODE_BYTES as u64)?;
+        let node = loader.load(address, level)?;
+        match &*node {
+            Node::Leaf(elements) => {
+                for element in elements {
+                    if let Payload::Extent(extent) = &element.payload {
+                        space
+                            .mark_used(extent.offset, extent.allocated_bytes())
+                            .map_err(|_| {
+                                Error::corrupt(
+                                    "extent overlaps other data",
+                                    format!("{} of {:?}", extent_location(extent), element.key),
+                                )
+                            })?;
+                    }
+                }
+            }
+            Node::Internal { children, .. } => {
+                for (_, child) in children {
+                    stack.push((*child, level - 1));
+                }
+            }
+        }
+    }
+    // Walked nodes need not stay cached.
+    loader.cache.clear();
+    Ok(())
+}

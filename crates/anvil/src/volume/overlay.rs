@@ -1,0 +1,65 @@
+//! Pending changes of one flush group, kept in memory until commit.
+
+use crate::format::record::{ExtentRef, LogicalKey};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+use std::sync::Arc;
+
+/// A record's current content: bytes in memory, or an extent on the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
+    Bytes(Arc<Vec<u8>>),
+    Extent(ExtentRef),
+}
+
+/// One pending change to a logical key.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    /// New content; None deletes the record.
+    pub value: Option<Arc<Vec<u8>>>,
+    /// create_tid of the committed version this change replaces; 0 when none.
+    pub replaces: u64,
+    /// Destroy the replaced version instead of keeping it as history.
+    pub nohistory: bool,
+}
+
+#[derive(Default)]
+pub struct Overlay {
+    /// The TID this group commits as.
+    pub tid: u64,
+    pub map: BTreeMap<LogicalKey, Pending>,
+    /// Keys changed since the last redo-log batch.
+    pub log_dirty: BTreeSet<LogicalKey>,
+    /// Bytes of pending values (memory held, and an upper bound of space needed).
+    pub pending_bytes: u64,
+}
+
+impl Overlay {
+    pub fn new(tid: u64) -> Overlay {
+        Overlay {
+            tid,
+            ..Overlay::default()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn insert(&mut self, lk: LogicalKey, pending: Pending) {
+        let new_bytes = pending.value.as_ref().map_or(0, |v| v.len() as u64) + 64;
+        if let Some(old) = self.map.insert(lk, pending) {
+            self.pending_bytes -= old.value.as_ref().map_or(0, |v| v.len() as u64) + 64;
+        }
+        self.pending_bytes += new_bytes;
+        self.log_dirty.insert(lk);
+    }
+
+    pub fn range(
+        &self,
+        lo: LogicalKey,
+        hi: LogicalKey,
+    ) -> std::collections::btree_map::Range<'_, LogicalKey, Pending> {
+        self.map.range((Bound::Included(lo), Bound::Included(hi)))
+    }
+}

@@ -1,0 +1,279 @@
+//! One operation's view of the volume: pending writes of this operation, then the active
+//! group, then the group being committed, then the committed tree (cache only).
+
+use super::overlay::{Overlay, Pending, Value};
+use super::{payload_value, RootRef, State, Volume};
+use crate::btree::{self, CacheOnly, Need, Step, Stop};
+use crate::format::node::Node;
+use crate::format::record::{ExtentRef, Key, LogicalKey};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+pub struct Tx<'a> {
+    volume: &'a Volume,
+    state: &'a mut State,
+    pinned_nodes: &'a HashMap<u64, Arc<Node>>,
+    pinned_extents: &'a HashMap<ExtentRef, Arc<Vec<u8>>>,
+    writes: BTreeMap<LogicalKey, Pending>,
+}
+
+impl<'a> Tx<'a> {
+    pub(super) fn new(
+        volume: &'a Volume,
+        state: &'a mut State,
+        pinned_nodes: &'a HashMap<u64, Arc<Node>>,
+        pinned_extents: &'a HashMap<ExtentRef, Arc<Vec<u8>>>,
+    ) -> Tx<'a> {
+        Tx {
+            volume,
+            state,
+            pinned_nodes,
+            pinned_extents,
+            writes: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn finish(self) {
+        for (lk, pending) in self.writes {
+            self.state.active.insert(lk, pending);
+        }
+    }
+
+    fn source(&self) -> CacheOnly<'_> {
+        CacheOnly {
+            cache: &self.volume.cache,
+            pinned: self.pinned_nodes,
+        }
+    }
+
+    /// The root the committed part of this view comes from; holding it keeps its extents.
+    pub fn root(&self) -> Arc<RootRef> {
+        self.state.root.clone()
+    }
+
+    pub fn volume(&self) -> &Volume {
+        self.volume
+    }
+
+    /// Allocates a new object id (never reused, even if this operation is retried).
+    pub fn allocate_obj(&mut self) -> u64 {
+        let obj = self.state.next_obj;
+        self.state.next_obj += 1;
+        obj
+    }
+
+    /// The live committed version of `lk`: (create_tid, value).
+    fn tree_live(&self, lk: LogicalKey) -> Step<Option<(u64, Value)>> {
+        let mut found = None;
+        btree::range(
+            &self.source(),
+            self.state.root.root,
+            &Key::new(lk, 0),
+            &Key::new(lk, u64::MAX),
+            &mut |e| {
+                if e.delete_tid == 0 {
+                    found = Some((e.key.create_tid, payload_value(&e.payload)));
+                    return false;
+                }
+                true
+            },
+        )?;
+        Ok(found)
+    }
+
+    /// The pending change to `lk`, newest first: this operation, active group, frozen group.
+    fn pending(&self, lk: &LogicalKey) -> Option<(&Pending, Option<&Overlay>)> {
+        if let Some(p) = self.writes.get(lk) {
+            return Some((p, None));
+        }
+        if let Some(p) = self.state.active.map.get(lk) {
+            return Some((p, None));
+        }
+        let frozen = self.state.frozen.as_deref()?;
+        frozen.map.get(lk).map(|p| (p, Some(frozen)))
+    }
+
+    pub fn get(&self, lk: LogicalKey) -> Step<Option<Value>> {
+        if let Some((pending, _)) = self.pending(&lk) {
+            return Ok(pending.value.clone().map(Value::Bytes));
+        }
+        Ok(self.tree_live(lk)?.map(|(_, value)| value))
+    }
+
+    /// Like `get`, with extents read (through a retry) into memory.
+    pub fn get_bytes(&self, lk: LogicalKey) -> Step<Option<Arc<Vec<u8>>>> {
+        match self.get(lk)? {
+            None => Ok(None),
+            Some(value) => self.resolve(&value).map(Some),
+        }
+    }
+
+    pub fn resolve(&self, value: &Value) -> Step<Arc<Vec<u8>>> {
+        match value {
+            Value::Bytes(bytes) => Ok(bytes.clone()),
+            Value::Extent(extent) => match self.pinned_extents.get(extent) {
+                Some(bytes) => Ok(bytes.clone()),
+                None => Err(Stop::Need(Need::Extent(*extent))),
+            },
+        }
+    }
+
+    /// Sets (Some) or deletes (None) the record at `lk`.
+    pub fn put(&mut self, lk: LogicalKey, value: Option<Arc<Vec<u8>>>) -> Step<()> {
+        self.put_with(lk, value, false)
+    }
+
+    pub fn put_with(
+        &mut self,
+        lk: LogicalKey,
+        value: Option<Arc<Vec<u8>>>,
+        nohistory: bool,
+    ) -> Step<()> {
+        let replaces = match self.pending(&lk) {
+            Some((pending, None)) => pending.replaces,
+            Some((pending, Some(frozen))) => {
+                if pending.value.is_some() {
+                    frozen.tid
+                } else {
+                    0
+                }
+            }
+            None => self.tree_live(lk)?.map_or(0, |(create_tid, _)| create_tid),
+        };
+        if value.is_none() && replaces == 0 {
+            // Deleting something that never reached the tree: forget it entirely, unless the
+            // active group holds it (then record the deletion over it).
+            if !self.state.active.map.contains_key(&lk) && !self.writes.contains_key(&lk) {
+                return Ok(());
+            }
+        }
+        let nohistory = nohistory || self.volume.options.nohistory;
+        self.writes.insert(
+            lk,
+            Pending {
+                value,
+                replaces,
+                nohistory,
+            },
+        );
+        Ok(())
+    }
+
+    /// Live records of (obj, rtype) with `lo <= key <= hi`, in key order, at most `limit`.
+    pub fn range(
+        &self,
+        obj: u64,
+        rtype: u8,
+        lo: u64,
+        hi: u64,
+        limit: usize,
+    ) -> Step<Vec<(u64, Value)>> {
+        Ok(self
+            .range_versions(obj, rtype, lo, hi, limit)?
+            .into_iter()
+            .map(|(k, v, _)| (k, v))
+            .collect())
+    }
+
+    /// Like `range`, also giving each record's create_tid (0 while pending).
+    pub fn range_versions(
+        &self,
+        obj: u64,
+        rtype: u8,
+        lo: u64,
+        hi: u64,
+        limit: usize,
+    ) -> Step<Vec<(u64, Value, u64)>> {
+        let lo_lk = LogicalKey {
+            obj,
+            rtype,
+            key: lo,
+        };
+        let hi_lk = LogicalKey {
+            obj,
+            rtype,
+            key: hi,
+        };
+        let mut out = Vec::new();
+        let mut cursor = lo;
+        loop {
+            // A batch of live tree records from `cursor`.
+            let mut batch: Vec<(u64, Value, u64)> = Vec::new();
+            btree::range(
+                &self.source(),
+                self.state.root.root,
+                &Key::new(
+                    LogicalKey {
+                        key: cursor,
+                        ..lo_lk
+                    },
+                    0,
+                ),
+                &Key::new(hi_lk, u64::MAX),
+                &mut |e| {
+                    if e.delete_tid == 0 {
+                        batch.push((e.key.key, payload_value(&e.payload), e.key.create_tid));
+                    }
+                    batch.len() < limit
+                },
+            )?;
+            let batch_end = if batch.len() < limit {
+                hi
+            } else {
+                batch.last().map_or(hi, |b| b.0)
+            };
+            // Pending changes in [cursor, batch_end], newest layer winning.
+            let from = LogicalKey {
+                key: cursor,
+                ..lo_lk
+            };
+            let to = LogicalKey {
+                key: batch_end,
+                ..lo_lk
+            };
+            let mut layered: BTreeMap<u64, Option<Value>> = BTreeMap::new();
+            let layers: [Option<&BTreeMap<LogicalKey, Pending>>; 3] = [
+                self.state.frozen.as_deref().map(|f| &f.map),
+                Some(&self.state.active.map),
+                Some(&self.writes),
+            ];
+            for layer in layers.into_iter().flatten() {
+                for (lk, pending) in layer.range((Bound::Included(from), Bound::Included(to))) {
+                    layered.insert(lk.key, pending.value.clone().map(Value::Bytes));
+                }
+            }
+            let mut tree = batch.into_iter().peekable();
+            let mut pend = layered.into_iter().peekable();
+            loop {
+                let next_tree = tree.peek().map(|t| t.0);
+                let next_pend = pend.peek().map(|p| p.0);
+                let item = match (next_tree, next_pend) {
+                    (None, None) => break,
+                    (Some(t), Some(p)) if p <= t => {
+                        if p == t {
+                            tree.next();
+                        }
+                        let (key, value) = pend.next().expect("peeked");
+                        value.map(|v| (key, v, 0))
+                    }
+                    (Some(_), _) => tree.next(),
+                    (None, Some(_)) => {
+                        let (key, value) = pend.next().expect("peeked");
+                        value.map(|v| (key, v, 0))
+                    }
+                };
+                if let Some(item) = item {
+                    out.push(item);
+                    if out.len() >= limit {
+                        return Ok(out);
+                    }
+                }
+            }
+            if batch_end >= hi {
+                return Ok(out);
+            }
+            cursor = batch_end + 1;
+        }
+    }
+}
