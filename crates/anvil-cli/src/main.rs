@@ -1,1 +1,224 @@
-fn main() {}
+//! `anvil`: make, mount, inspect and verify anvil volumes.
+
+mod mount;
+
+use anvil::device::{Device, FileDevice};
+use anvil::volume::Volume;
+use anvil::{Error, Filesystem, MountOptions};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(name = "anvil", version, about = "anvil: a filesystem that never forgets")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a volume in an image file (sparse) or on a block device.
+    Mkfs {
+        /// Image file or block device.
+        image: PathBuf,
+        /// Volume size, e.g. 8G, 512M (default: the block device's size).
+        #[arg(long)]
+        size: Option<String>,
+        /// Overwrite an existing filesystem.
+        #[arg(long)]
+        force: bool,
+        /// Volume label (up to 32 bytes).
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+    /// Mount a volume (in the background unless -f).
+    Mount {
+        image: PathBuf,
+        dir: PathBuf,
+        /// Options: ro, nohistory, cache=SIZE, commit_interval_ms=N, ttl_ms=N, threads=N.
+        #[arg(short = 'o', value_delimiter = ',')]
+        options: Vec<String>,
+        /// Stay in the foreground.
+        #[arg(short = 'f', long)]
+        foreground: bool,
+        /// Write the daemon's log to this file.
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
+    /// Show size, usage, object counts, current TID and last commit time.
+    Info {
+        /// Image, block device, or the directory an anvil volume is mounted on.
+        target: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify every checksum and tree invariant; exit 0 only when clean.
+    Check {
+        image: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Exit codes: 0 success, 1 operation failed, 2 usage error, 3 volume damaged (check).
+const EXIT_FAILED: u8 = 1;
+const EXIT_DAMAGED: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mkfs { image, size, force, label } => mkfs(&image, size.as_deref(), force, &label),
+        Command::Mount { image, dir, options, foreground, log } => {
+            mount::run(&image, &dir, &options, foreground, log.as_deref())
+        }
+        Command::Info { target, json } => info(&target, json),
+        Command::Check { image, json } => check(&image, json),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(message) => {
+            eprintln!("anvil: {message}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("invalid size {text:?}"))?;
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return Err(format!("invalid size unit in {text:?} (use K, M, G or T)")),
+    };
+    number.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+/// Names a filesystem found at the start of a device, if any.
+fn existing_filesystem(device: &dyn Device) -> std::io::Result<Option<&'static str>> {
+    let len = device.len()?;
+    let probe = len.min(128 * 1024) as usize;
+    let mut head = vec![0u8; probe];
+    device.read_at(&mut head, 0)?;
+    let at = |offset: usize, magic: &[u8]| head.get(offset..offset + magic.len()) == Some(magic);
+    Ok(if Volume::read_superblock(device).is_ok() || at(0, b"ANVL") {
+        Some("anvil")
+    } else if at(1080, &[0x53, 0xEF]) {
+        Some("ext2/3/4")
+    } else if at(0, b"XFSB") {
+        Some("xfs")
+    } else if at(65600, b"_BHRfS_M") {
+        Some("btrfs")
+    } else if head.iter().any(|&b| b != 0) {
+        Some("unknown data")
+    } else {
+        None
+    })
+}
+
+fn mkfs(image: &Path, size: Option<&str>, force: bool, label: &str) -> Result<u8, String> {
+    let existed = image.exists();
+    let device = FileDevice::create(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
+    if existed && !force {
+        if let Some(found) = existing_filesystem(&device).map_err(|e| e.to_string())? {
+            return Err(format!(
+                "{} already holds a filesystem ({found}); use --force to overwrite it",
+                image.display()
+            ));
+        }
+    }
+    let bytes = match size {
+        Some(text) => parse_size(text)?,
+        None if device.is_block_device() => device.len().map_err(|e| e.to_string())?,
+        None => return Err("--size is required for an image file".to_string()),
+    };
+    if device.is_block_device() && bytes > device.len().map_err(|e| e.to_string())? {
+        return Err(format!("{} is smaller than {bytes} bytes", image.display()));
+    }
+    Filesystem::mkfs(Arc::new(device), bytes, label).map_err(|e| e.to_string())?;
+    println!("created anvil volume on {} ({bytes} bytes)", image.display());
+    Ok(0)
+}
+
+/// Opens an image read-only for inspection; refuses one a daemon has mounted.
+fn open_for_inspection(image: &Path) -> Result<Filesystem, String> {
+    let device = FileDevice::open(image, false).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
+    if !mount::try_lock_shared(device.file()) {
+        return Err(format!(
+            "{} is mounted (busy); run `anvil info` on the mount point, or unmount it first",
+            image.display()
+        ));
+    }
+    let options = MountOptions { read_only: true, commit_interval_ms: 0, ..Default::default() };
+    Filesystem::open(Arc::new(device), options).map_err(|e| describe(image, &e))
+}
+
+fn describe(image: &Path, e: &Error) -> String {
+    format!("{}: {e}", image.display())
+}
+
+fn info(target: &Path, json: bool) -> Result<u8, String> {
+    let info_json = if target.is_dir() {
+        mount::query_info(target)?
+    } else {
+        open_for_inspection(target)?.info().to_json()
+    };
+    if json {
+        println!("{info_json}");
+        return Ok(0);
+    }
+    let value: serde_json::Value = serde_json::from_str(&info_json).map_err(|e| e.to_string())?;
+    let num = |k: &str| value[k].as_u64().unwrap_or(0);
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
+    println!("label:          {}", value["label"].as_str().unwrap_or(""));
+    println!("volume id:      {}", value["volume_id"].as_str().unwrap_or(""));
+    println!("size:           {}", mib(num("volume_bytes")));
+    println!("used:           {}", mib(num("used_bytes")));
+    println!("free:           {} (of which {} reserved)", mib(num("free_bytes")), mib(num("reserve_bytes")));
+    println!("objects:        {}", num("objects_allocated"));
+    println!("current TID:    {:#018x}", num("committed_tid"));
+    let secs = num("commit_time_ns") / 1_000_000_000;
+    println!("last commit:    {} (unix seconds)", secs);
+    if num("pending_bytes") > 0 {
+        println!("pending:        {}", mib(num("pending_bytes")));
+    }
+    Ok(0)
+}
+
+fn check(image: &Path, json: bool) -> Result<u8, String> {
+    let fs = open_for_inspection(image)?;
+    let report = anvil::check::check(fs.volume()).map_err(|e| describe(image, &e))?;
+    if json {
+        let problems: Vec<serde_json::Value> =
+            report.problems.iter().map(|p| serde_json::Value::String(p.clone())).collect();
+        let out = serde_json::json!({
+            "clean": report.is_clean(),
+            "problems": problems,
+            "nodes": report.nodes,
+            "elements": report.elements,
+            "live_elements": report.live_elements,
+            "history_elements": report.history_elements,
+            "extents": report.extents,
+            "objects": report.objects,
+        });
+        println!("{out}");
+    } else {
+        if report.is_clean() {
+            println!("clean: {} objects, {} nodes, {} elements ({} history), {} extents verified",
+                report.objects, report.nodes, report.elements, report.history_elements, report.extents);
+        } else {
+            println!("damaged: {} problems found", report.problems.len());
+        }
+        for problem in &report.problems {
+            println!("  {problem}");
+        }
+    }
+    Ok(if report.is_clean() { 0 } else { EXIT_DAMAGED })
+}

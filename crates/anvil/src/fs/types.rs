@@ -168,3 +168,33 @@ pub struct VolumeInfo {
     pub cache_bytes: u64,
     pub read_only: bool,
 }
+
+impl VolumeInfo {
+    /// One JSON object, for `anvil info --json` and the mount's info attribute.
+    pub fn to_json(&self) -> String {
+        let escape = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+        format!(
+            concat!(
+                "{{\"label\":\"{}\",\"volume_id\":\"{}\",\"volume_bytes\":{},",
+                "\"data_bytes\":{},\"used_bytes\":{},\"free_bytes\":{},\"reserve_bytes\":{},",
+                "\"committed_tid\":{},\"commit_time_ns\":{},\"created_time_ns\":{},",
+                "\"objects_allocated\":{},\"pending_bytes\":{},\"cache_bytes\":{},",
+                "\"read_only\":{}}}"
+            ),
+            escape(&self.label),
+            self.volume_id,
+            self.volume_bytes,
+            self.data_bytes,
+            self.used_bytes,
+            self.free_bytes,
+            self.reserve_bytes,
+            self.committed_tid,
+            self.commit_time_ns,
+            self.created_time_ns,
+            self.objects_allocated,
+            self.pending_bytes,
+            self.cache_bytes,
+            self.read_only
+        )
+    }
+}

@@ -564,6 +564,9 @@ impl Volume {
         }
         let (frozen, old_root, superblock) = {
             let mut st = self.state.lock();
+            if st.active.is_empty() {
+                return Ok(st.superblock.committed_tid);
+            }
             let tid = st.active.tid;
             let overlay = std::mem::replace(&mut st.active, Overlay::new(tid + 1));
             let frozen = Arc::new(overlay);

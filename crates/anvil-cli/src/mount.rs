@@ -1,0 +1,245 @@
+//! `anvil mount`: the FUSE daemon, its background start-up handshake, and clean shutdown.
+//!
+//! In the background mode the command re-runs itself in the foreground as a detached
+//! daemon and waits until the daemon reports "ready" (mounted and serving) or an error on
+//! its stdout; only then does it exit. SIGINT/SIGTERM or `umount DIR` end the daemon after
+//! a final commit.
+
+use anvil::device::FileDevice;
+use anvil::{Filesystem, MountOptions};
+use anvil_fuse::{fuser, AnvilFuse};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+const READY_ENV: &str = "ANVIL_DAEMON_READY";
+
+struct Config {
+    mount: MountOptions,
+    ttl: Duration,
+    threads: usize,
+}
+
+fn parse_options(options: &[String]) -> Result<Config, String> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut config = Config { mount: MountOptions::default(), ttl: Duration::from_secs(10), threads };
+    for option in options.iter().filter(|o| !o.is_empty()) {
+        let (name, value) = match option.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (option.as_str(), None),
+        };
+        let number = |v: Option<&str>| -> Result<u64, String> {
+            v.ok_or_else(|| format!("option {name} needs a value"))?
+                .parse()
+                .map_err(|_| format!("option {name}: not a number"))
+        };
+        match name {
+            "ro" => config.mount.read_only = true,
+            "rw" => config.mount.read_only = false,
+            "nohistory" => config.mount.nohistory = true,
+            "history" => config.mount.nohistory = false,
+            "cache" => {
+                let bytes = crate::parse_size(value.ok_or("option cache needs a size")?)?;
+                if bytes < 16 << 20 {
+                    return Err("option cache: at least 16M".to_string());
+                }
+                config.mount.cache_bytes = bytes;
+            }
+            "commit_interval_ms" => config.mount.commit_interval_ms = number(value)?.max(1),
+            "ttl_ms" => config.ttl = Duration::from_millis(number(value)?),
+            "threads" => config.threads = number(value)?.clamp(1, 64) as usize,
+            // Always on: accepted for compatibility with fstab habits.
+            "allow_other" | "default_permissions" | "defaults" => {}
+            _ => return Err(format!("unknown mount option {option:?}")),
+        }
+    }
+    Ok(config)
+}
+
+pub fn run(image: &Path, dir: &Path, options: &[String], foreground: bool, log: Option<&Path>) -> Result<u8, String> {
+    let config = parse_options(options)?;
+    if !dir.is_dir() {
+        return Err(format!("mount point {} is not a directory", dir.display()));
+    }
+    if !image.exists() {
+        return Err(format!("{} does not exist", image.display()));
+    }
+    if foreground {
+        serve(image, dir, config, log)
+    } else {
+        spawn_daemon(image, dir)
+    }
+}
+
+fn spawn_daemon(image: &Path, dir: &Path) -> Result<u8, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    args.push("-f".into());
+    let mut command = Command::new(exe);
+    command.args(args).env(READY_ENV, "1").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe and touches no memory of this process.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().map_err(|e| format!("cannot start the mount daemon: {e}"))?;
+    let stdout = child.stdout.take().ok_or("daemon has no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).map_err(|e| e.to_string())?;
+    let line = line.trim_end();
+    if line == "ready" {
+        println!("mounted {} on {} (daemon pid {})", image.display(), dir.display(), child.id());
+        return Ok(0);
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    match line.strip_prefix("error: ") {
+        Some(message) => Err(message.to_string()),
+        None => Err(format!("mount daemon exited before the mount was ready ({status})")),
+    }
+}
+
+/// Reports a start-up failure to the waiting parent (if any) and returns it.
+fn startup_error(message: String) -> Result<u8, String> {
+    if std::env::var_os(READY_ENV).is_some() {
+        println!("error: {message}");
+        let _ = std::io::stdout().flush();
+    }
+    Err(message)
+}
+
+pub fn try_lock_shared(file: &File) -> bool {
+    // SAFETY: flock on a valid descriptor owned by `file`.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) == 0 }
+}
+
+fn try_lock_exclusive(file: &File) -> bool {
+    // SAFETY: flock on a valid descriptor owned by `file`.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+fn init_logging(log: Option<&Path>) -> Result<(), String> {
+    let mut builder = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    if let Some(path) = log {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("cannot open log {}: {e}", path.display()))?;
+        builder.target(env_logger::Target::Pipe(Box::new(file)));
+    }
+    let _ = builder.try_init();
+    Ok(())
+}
+
+fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result<u8, String> {
+    if let Err(e) = init_logging(log) {
+        return startup_error(e);
+    }
+    let device = match FileDevice::open(image, !config.mount.read_only) {
+        Ok(device) => device,
+        Err(e) => return startup_error(format!("cannot open {}: {e}", image.display())),
+    };
+    if !try_lock_exclusive(device.file()) {
+        return startup_error(format!("{} is already mounted or in use", image.display()));
+    }
+    let read_only = config.mount.read_only;
+    let fs = match Filesystem::open(Arc::new(device), config.mount) {
+        Ok(fs) => Arc::new(fs),
+        Err(e) => return startup_error(format!("{}: {e}", image.display())),
+    };
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut mount_options = vec![
+        fuser::MountOption::FSName(image.display().to_string()),
+        fuser::MountOption::Subtype("anvil".to_string()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    if read_only {
+        mount_options.push(fuser::MountOption::RO);
+    }
+    if root {
+        mount_options.push(fuser::MountOption::Dev);
+        mount_options.push(fuser::MountOption::Suid);
+    }
+    let mut fuse_config = fuser::Config::default();
+    fuse_config.mount_options = mount_options;
+    fuse_config.acl = if root { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    fuse_config.n_threads = Some(config.threads);
+    fuse_config.clone_fd = true;
+    let adapter = AnvilFuse::new(fs.clone(), config.ttl);
+    let mut session = match fuser::Session::new(adapter, dir, &fuse_config) {
+        Ok(session) => session,
+        Err(e) => {
+            let _ = fs.close();
+            return startup_error(format!("cannot mount on {}: {e}", dir.display()));
+        }
+    };
+    let mut unmounter = session.unmount_callable();
+    let dir_for_signals = dir.to_path_buf();
+    match signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]) {
+        Ok(mut signals) => {
+            std::thread::spawn(move || {
+                if signals.forever().next().is_some() {
+                    log::info!("signal received: unmounting {}", dir_for_signals.display());
+                    if unmounter.unmount().is_err() {
+                        lazy_unmount(&dir_for_signals);
+                    }
+                }
+            });
+        }
+        Err(e) => log::warn!("cannot install signal handlers: {e}"),
+    }
+    if std::env::var_os(READY_ENV).is_some() {
+        println!("ready");
+        let _ = std::io::stdout().flush();
+        detach_stdout();
+    } else {
+        eprintln!("mounted {} on {}; Ctrl-C or `umount {}` to unmount", image.display(), dir.display(), dir.display());
+    }
+    let served = session.run();
+    let closed = fs.close();
+    log::info!("unmounted {}", dir.display());
+    if let Err(e) = served {
+        return Err(format!("FUSE session ended with an error: {e}"));
+    }
+    closed.map_err(|e| format!("final commit failed: {e}"))?;
+    Ok(0)
+}
+
+fn lazy_unmount(dir: &Path) {
+    if let Ok(path) = CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: path is a valid NUL-terminated string.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+fn detach_stdout() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: both descriptors are valid; dup2 replaces stdout atomically.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+}
+
+/// Asks a mounted volume for its info through the root's control attribute.
+pub fn query_info(dir: &Path) -> Result<String, String> {
+    let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
+    let name = CString::new(anvil_fuse::INFO_XATTR).map_err(|_| "bad attribute name")?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid strings and a buffer of the stated length.
+    let n = unsafe {
+        libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+    };
+    if n < 0 {
+        return Err(format!("{} is not the root of a mounted anvil volume", dir.display()));
+    }
+    buf.truncate(n as usize);
+    String::from_utf8(buf).map_err(|_| "daemon returned invalid info".to_string())
+}
