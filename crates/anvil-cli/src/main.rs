@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Parser)]
-#[command(name = "anvil", version, about = "anvil: a filesystem that never forgets")]
+#[command(
+    name = "anvil",
+    version,
+    about = "anvil: a filesystem that never forgets"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,10 +73,19 @@ const EXIT_DAMAGED: u8 = 3;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Mkfs { image, size, force, label } => mkfs(&image, size.as_deref(), force, &label),
-        Command::Mount { image, dir, options, foreground, log } => {
-            mount::run(&image, &dir, &options, foreground, log.as_deref())
-        }
+        Command::Mkfs {
+            image,
+            size,
+            force,
+            label,
+        } => mkfs(&image, size.as_deref(), force, &label),
+        Command::Mount {
+            image,
+            dir,
+            options,
+            foreground,
+            log,
+        } => mount::run(&image, &dir, &options, foreground, log.as_deref()),
         Command::Info { target, json } => info(&target, json),
         Command::Check { image, json } => check(&image, json),
     };
@@ -87,9 +100,13 @@ fn main() -> ExitCode {
 
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let number: u64 = digits.parse().map_err(|_| format!("invalid size {text:?}"))?;
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid size {text:?}"))?;
     let shift = match unit.to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,
@@ -98,7 +115,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "T" | "TB" | "TIB" => 40,
         _ => return Err(format!("invalid size unit in {text:?} (use K, M, G or T)")),
     };
-    number.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
+    number
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {text:?} is too large"))
 }
 
 /// Names a filesystem found at the start of a device, if any.
@@ -108,24 +127,27 @@ fn existing_filesystem(device: &dyn Device) -> std::io::Result<Option<&'static s
     let mut head = vec![0u8; probe];
     device.read_at(&mut head, 0)?;
     let at = |offset: usize, magic: &[u8]| head.get(offset..offset + magic.len()) == Some(magic);
-    Ok(if Volume::read_superblock(device).is_ok() || at(0, b"ANVL") {
-        Some("anvil")
-    } else if at(1080, &[0x53, 0xEF]) {
-        Some("ext2/3/4")
-    } else if at(0, b"XFSB") {
-        Some("xfs")
-    } else if at(65600, b"_BHRfS_M") {
-        Some("btrfs")
-    } else if head.iter().any(|&b| b != 0) {
-        Some("unknown data")
-    } else {
-        None
-    })
+    Ok(
+        if Volume::read_superblock(device).is_ok() || at(0, b"ANVL") {
+            Some("anvil")
+        } else if at(1080, &[0x53, 0xEF]) {
+            Some("ext2/3/4")
+        } else if at(0, b"XFSB") {
+            Some("xfs")
+        } else if at(65600, b"_BHRfS_M") {
+            Some("btrfs")
+        } else if head.iter().any(|&b| b != 0) {
+            Some("unknown data")
+        } else {
+            None
+        },
+    )
 }
 
 fn mkfs(image: &Path, size: Option<&str>, force: bool, label: &str) -> Result<u8, String> {
     let existed = image.exists();
-    let device = FileDevice::create(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
+    let device =
+        FileDevice::create(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
     if existed && !force {
         if let Some(found) = existing_filesystem(&device).map_err(|e| e.to_string())? {
             return Err(format!(
@@ -143,20 +165,28 @@ fn mkfs(image: &Path, size: Option<&str>, force: bool, label: &str) -> Result<u8
         return Err(format!("{} is smaller than {bytes} bytes", image.display()));
     }
     Filesystem::mkfs(Arc::new(device), bytes, label).map_err(|e| e.to_string())?;
-    println!("created anvil volume on {} ({bytes} bytes)", image.display());
+    println!(
+        "created anvil volume on {} ({bytes} bytes)",
+        image.display()
+    );
     Ok(0)
 }
 
 /// Opens an image read-only for inspection; refuses one a daemon has mounted.
 fn open_for_inspection(image: &Path) -> Result<Filesystem, String> {
-    let device = FileDevice::open(image, false).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
+    let device = FileDevice::open(image, false)
+        .map_err(|e| format!("cannot open {}: {e}", image.display()))?;
     if !mount::try_lock_shared(device.file()) {
         return Err(format!(
             "{} is mounted (busy); run `anvil info` on the mount point, or unmount it first",
             image.display()
         ));
     }
-    let options = MountOptions { read_only: true, commit_interval_ms: 0, ..Default::default() };
+    let options = MountOptions {
+        read_only: true,
+        commit_interval_ms: 0,
+        ..Default::default()
+    };
     Filesystem::open(Arc::new(device), options).map_err(|e| describe(image, &e))
 }
 
@@ -178,10 +208,17 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
     let num = |k: &str| value[k].as_u64().unwrap_or(0);
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
     println!("label:          {}", value["label"].as_str().unwrap_or(""));
-    println!("volume id:      {}", value["volume_id"].as_str().unwrap_or(""));
+    println!(
+        "volume id:      {}",
+        value["volume_id"].as_str().unwrap_or("")
+    );
     println!("size:           {}", mib(num("volume_bytes")));
     println!("used:           {}", mib(num("used_bytes")));
-    println!("free:           {} (of which {} reserved)", mib(num("free_bytes")), mib(num("reserve_bytes")));
+    println!(
+        "free:           {} (of which {} reserved)",
+        mib(num("free_bytes")),
+        mib(num("reserve_bytes"))
+    );
     println!("objects:        {}", num("objects_allocated"));
     println!("current TID:    {:#018x}", num("committed_tid"));
     let secs = num("commit_time_ns") / 1_000_000_000;
@@ -196,8 +233,11 @@ fn check(image: &Path, json: bool) -> Result<u8, String> {
     let fs = open_for_inspection(image)?;
     let report = anvil::check::check(fs.volume()).map_err(|e| describe(image, &e))?;
     if json {
-        let problems: Vec<serde_json::Value> =
-            report.problems.iter().map(|p| serde_json::Value::String(p.clone())).collect();
+        let problems: Vec<serde_json::Value> = report
+            .problems
+            .iter()
+            .map(|p| serde_json::Value::String(p.clone()))
+            .collect();
         let out = serde_json::json!({
             "clean": report.is_clean(),
             "problems": problems,
@@ -211,8 +251,14 @@ fn check(image: &Path, json: bool) -> Result<u8, String> {
         println!("{out}");
     } else {
         if report.is_clean() {
-            println!("clean: {} objects, {} nodes, {} elements ({} history), {} extents verified",
-                report.objects, report.nodes, report.elements, report.history_elements, report.extents);
+            println!(
+                "clean: {} objects, {} nodes, {} elements ({} history), {} extents verified",
+                report.objects,
+                report.nodes,
+                report.elements,
+                report.history_elements,
+                report.extents
+            );
         } else {
             println!("damaged: {} problems found", report.problems.len());
         }

@@ -29,7 +29,11 @@ struct Config {
 
 fn parse_options(options: &[String]) -> Result<Config, String> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let mut config = Config { mount: MountOptions::default(), ttl: Duration::from_secs(10), threads };
+    let mut config = Config {
+        mount: MountOptions::default(),
+        ttl: Duration::from_secs(10),
+        threads,
+    };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
             Some((n, v)) => (n, Some(v)),
@@ -63,7 +67,13 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
     Ok(config)
 }
 
-pub fn run(image: &Path, dir: &Path, options: &[String], foreground: bool, log: Option<&Path>) -> Result<u8, String> {
+pub fn run(
+    image: &Path,
+    dir: &Path,
+    options: &[String],
+    foreground: bool,
+    log: Option<&Path>,
+) -> Result<u8, String> {
     let config = parse_options(options)?;
     if !dir.is_dir() {
         return Err(format!("mount point {} is not a directory", dir.display()));
@@ -83,7 +93,12 @@ fn spawn_daemon(image: &Path, dir: &Path) -> Result<u8, String> {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.push("-f".into());
     let mut command = Command::new(exe);
-    command.args(args).env(READY_ENV, "1").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+    command
+        .args(args)
+        .env(READY_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     // SAFETY: setsid is async-signal-safe and touches no memory of this process.
     unsafe {
         command.pre_exec(|| {
@@ -91,19 +106,30 @@ fn spawn_daemon(image: &Path, dir: &Path) -> Result<u8, String> {
             Ok(())
         });
     }
-    let mut child = command.spawn().map_err(|e| format!("cannot start the mount daemon: {e}"))?;
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start the mount daemon: {e}"))?;
     let stdout = child.stdout.take().ok_or("daemon has no stdout")?;
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).map_err(|e| e.to_string())?;
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
     let line = line.trim_end();
     if line == "ready" {
-        println!("mounted {} on {} (daemon pid {})", image.display(), dir.display(), child.id());
+        println!(
+            "mounted {} on {} (daemon pid {})",
+            image.display(),
+            dir.display(),
+            child.id()
+        );
         return Ok(0);
     }
     let status = child.wait().map_err(|e| e.to_string())?;
     match line.strip_prefix("error: ") {
         Some(message) => Err(message.to_string()),
-        None => Err(format!("mount daemon exited before the mount was ready ({status})")),
+        None => Err(format!(
+            "mount daemon exited before the mount was ready ({status})"
+        )),
     }
 }
 
@@ -127,7 +153,8 @@ fn try_lock_exclusive(file: &File) -> bool {
 }
 
 fn init_logging(log: Option<&Path>) -> Result<(), String> {
-    let mut builder = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    let mut builder =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     if let Some(path) = log {
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -171,7 +198,11 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
     }
     let mut fuse_config = fuser::Config::default();
     fuse_config.mount_options = mount_options;
-    fuse_config.acl = if root { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    fuse_config.acl = if root {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
     fuse_config.n_threads = Some(config.threads);
     fuse_config.clone_fd = true;
     let adapter = AnvilFuse::new(fs.clone(), config.ttl);
@@ -202,7 +233,12 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
         let _ = std::io::stdout().flush();
         detach_stdout();
     } else {
-        eprintln!("mounted {} on {}; Ctrl-C or `umount {}` to unmount", image.display(), dir.display(), dir.display());
+        eprintln!(
+            "mounted {} on {}; Ctrl-C or `umount {}` to unmount",
+            image.display(),
+            dir.display(),
+            dir.display()
+        );
     }
     let served = session.run();
     let closed = fs.close();
@@ -235,10 +271,18 @@ pub fn query_info(dir: &Path) -> Result<String, String> {
     let mut buf = vec![0u8; 4096];
     // SAFETY: valid strings and a buffer of the stated length.
     let n = unsafe {
-        libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
     };
     if n < 0 {
-        return Err(format!("{} is not the root of a mounted anvil volume", dir.display()));
+        return Err(format!(
+            "{} is not the root of a mounted anvil volume",
+            dir.display()
+        ));
     }
     buf.truncate(n as usize);
     String::from_utf8(buf).map_err(|_| "daemon returned invalid info".to_string())

@@ -8,6 +8,8 @@
 //! Environment:
 //! * `ANVIL_DIFF_SEED`     replay a seed (decimal or 0x-hex); random otherwise.
 //! * `ANVIL_DIFF_OPS`      number of operations (default 3000).
+//! * `ANVIL_DIFF_CHECK_EVERY` compare whole trees every N ops (default 250;
+//!   1 finds the exact operation after which a file's contents diverge).
 //! * `ANVIL_DIFF_VERBOSE=1` print every operation and its result.
 //! * `ANVIL_DIFF_SELFTEST=1` check the harness itself instead: tmpfs against
 //!   tmpfs (no FUSE needed), plus replay determinism of seed and results.
@@ -29,8 +31,8 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 const DEFAULT_OPS: usize = 3000;
-/// Compare the complete trees after every this many operations.
-const CHECK_EVERY: usize = 250;
+/// Compare the complete trees after every this many operations (by default).
+const DEFAULT_CHECK_EVERY: usize = 250;
 /// Open file slots; fd operations on an empty slot use fd -1 (EBADF on both).
 const SLOTS: usize = 4;
 /// The namespace: directories nest up to 3 deep, files sit at depth 0 to 2.
@@ -225,6 +227,7 @@ fn set_xattr(path: &Path, name: &str, value: &[u8]) {
 struct Config {
     seed: u64,
     ops: usize,
+    check_every: usize,
     verbose: bool,
     selftest: bool,
 }
@@ -239,10 +242,18 @@ impl Config {
             Ok(s) => parse_u64(&s).unwrap_or_else(|| panic!("bad ANVIL_DIFF_OPS {s:?}")) as usize,
             Err(_) => DEFAULT_OPS,
         };
+        let check_every = match std::env::var("ANVIL_DIFF_CHECK_EVERY") {
+            Ok(s) => parse_u64(&s)
+                .filter(|&n| n > 0)
+                .unwrap_or_else(|| panic!("bad ANVIL_DIFF_CHECK_EVERY {s:?}"))
+                as usize,
+            Err(_) => DEFAULT_CHECK_EVERY,
+        };
         let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
         Config {
             seed,
             ops,
+            check_every,
             verbose: flag("ANVIL_DIFF_VERBOSE"),
             selftest: flag("ANVIL_DIFF_SELFTEST"),
         }
@@ -1439,6 +1450,45 @@ struct Entry {
     list_error: Option<i32>,
 }
 
+/// The fields in which two entries for the same path differ, one a line.
+fn entry_differences(a: &Entry, b: &Entry, la: &str, lb: &str) -> String {
+    let mut out = format!("{:?} differs:", a.path);
+    let mut field = |name: &str, x: String, y: String| {
+        if x != y {
+            out.push_str(&format!(
+                "\n  {name}: {la}: {x}\n  {:w$}  {lb}: {y}",
+                "",
+                w = name.len()
+            ));
+        }
+    };
+    let stat = |e: &Entry| Show(&e.stat.clone().map(Val::Stat)).to_string();
+    field("stat", stat(a), stat(b));
+    field(
+        "hard-link group",
+        format!("{:?}", a.link_group),
+        format!("{:?}", b.link_group),
+    );
+    let target = |e: &Entry| match &e.symlink_target {
+        None => "-".to_string(),
+        Some(Ok(t)) => format!("{:?}", String::from_utf8_lossy(t)),
+        Some(Err(e)) => errno_name(*e),
+    };
+    field("symlink target", target(a), target(b));
+    let xattrs = |e: &Entry| match &e.xattrs {
+        Ok(list) => list
+            .iter()
+            .map(|(n, v)| format!("{n}={}", Show(&Ok(Val::Data(v.clone())))))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(e) => errno_name(*e),
+    };
+    field("xattrs", xattrs(a), xattrs(b));
+    let listing = |e: &Entry| e.list_error.map_or("-".to_string(), errno_name);
+    field("listing error", listing(a), listing(b));
+    out
+}
+
 fn snapshot(root: &Path) -> Vec<Entry> {
     let mut out = Vec::new();
     let mut inodes = HashMap::new();
@@ -1533,7 +1583,7 @@ struct Harness<'a> {
     cfg: &'a Config,
     a: Side,
     b: Side,
-    /// A hash of every result, to check that runs are reproducible.
+    /// A hash of every operation and its result, to check reproducibility.
     trace: u64,
     stats: Stats,
     history: VecDeque<String>,
@@ -1579,7 +1629,7 @@ impl<'a> Harness<'a> {
                 );
             }
             self.record(&format!("#{i} {op} -> {}", Show(&ra)), &ra);
-            if (i + 1) % CHECK_EVERY == 0 {
+            if (i + 1) % self.cfg.check_every == 0 {
                 self.compare_trees(&format!("checkpoint after op #{i}"));
             }
             if i + 1 == remount_at && (self.a.is_anvil() || self.b.is_anvil()) {
@@ -1669,10 +1719,7 @@ impl<'a> Harness<'a> {
         let mut diffs = Vec::new();
         for (ea, eb) in ta.iter().zip(&tb) {
             if ea != eb {
-                diffs.push(format!(
-                    "{:?}\n  {}: {ea:?}\n  {}: {eb:?}",
-                    ea.path, self.a.label, self.b.label
-                ));
+                diffs.push(entry_differences(ea, eb, self.a.label, self.b.label));
             }
         }
         if !diffs.is_empty() {

@@ -9,8 +9,8 @@ use anvil::{Attr, Error, FileKind, Filesystem};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -52,7 +52,10 @@ fn system_time(t: anvil::fs::Time) -> SystemTime {
 
 fn timestamp(t: SystemTime) -> anvil::fs::Time {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => anvil::fs::Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Ok(d) => anvil::fs::Time {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
         Err(e) => {
             let d = e.duration();
             let mut sec = -(d.as_secs() as i64);
@@ -99,7 +102,10 @@ fn file_attr(attr: &Attr) -> FileAttr {
 }
 
 fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid() }
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -207,7 +213,10 @@ impl fuser::Filesystem for AnvilFuse {
         reply: ReplyEntry,
     ) {
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
-        match self.fs.mknod(caller(req), parent.0, name.as_bytes(), mode, rdev as u64) {
+        match self
+            .fs
+            .mknod(caller(req), parent.0, name.as_bytes(), mode, rdev as u64)
+        {
             Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -222,7 +231,12 @@ impl fuser::Filesystem for AnvilFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.fs.mkdir(caller(req), parent.0, name.as_bytes(), mode & 0o7777 & !umask) {
+        match self.fs.mkdir(
+            caller(req),
+            parent.0,
+            name.as_bytes(),
+            mode & 0o7777 & !umask,
+        ) {
             Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -251,7 +265,10 @@ impl fuser::Filesystem for AnvilFuse {
         reply: ReplyEntry,
     ) {
         let target = target.as_os_str().as_bytes();
-        match self.fs.symlink(caller(req), parent.0, link_name.as_bytes(), target) {
+        match self
+            .fs
+            .symlink(caller(req), parent.0, link_name.as_bytes(), target)
+        {
             Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -274,7 +291,13 @@ impl fuser::Filesystem for AnvilFuse {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        match self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags) {
+        match self.fs.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags,
+        ) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -294,8 +317,23 @@ impl fuser::Filesystem for AnvilFuse {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open_handle(ino.0) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // With FUSE_ATOMIC_O_TRUNC the kernel leaves O_TRUNC to us.
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        let result = self.fs.open_handle(ino.0).and_then(|attr| {
+            if truncate && attr.kind == FileKind::File && attr.size > 0 {
+                let changes = SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                };
+                if let Err(e) = self.fs.setattr(ino.0, &changes) {
+                    let _ = self.fs.release_handle(ino.0);
+                    return Err(e);
+                }
+            }
+            Ok(attr)
+        });
+        match result {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(errno(&e)),
         }
@@ -363,7 +401,14 @@ impl fuser::Filesystem for AnvilFuse {
         }
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.fsync(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -372,7 +417,9 @@ impl fuser::Filesystem for AnvilFuse {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.getattr(ino.0) {
-            Ok(attr) if attr.kind == FileKind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(attr) if attr.kind == FileKind::Dir => {
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
             Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -390,7 +437,12 @@ impl fuser::Filesystem for AnvilFuse {
             Ok(entries) => {
                 for entry in entries {
                     let name = OsStr::from_bytes(&entry.name);
-                    if reply.add(INodeNo(entry.ino), entry.cookie, file_type(entry.kind), name) {
+                    if reply.add(
+                        INodeNo(entry.ino),
+                        entry.cookie,
+                        file_type(entry.kind),
+                        name,
+                    ) {
                         break;
                     }
                 }
@@ -419,15 +471,33 @@ impl fuser::Filesystem for AnvilFuse {
                 Err(_) => continue,
             };
             let name = OsStr::from_bytes(&entry.name);
-            let ttl = if entry.name == b"." || entry.name == b".." { Duration::ZERO } else { self.ttl };
-            if reply.add(INodeNo(entry.ino), entry.cookie, name, &ttl, &file_attr(&attr), Generation(0)) {
+            let ttl = if entry.name == b"." || entry.name == b".." {
+                Duration::ZERO
+            } else {
+                self.ttl
+            };
+            if reply.add(
+                INodeNo(entry.ino),
+                entry.cookie,
+                name,
+                &ttl,
+                &file_attr(&attr),
+                Generation(0),
+            ) {
                 break;
             }
         }
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.fsync(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -469,7 +539,10 @@ impl fuser::Filesystem for AnvilFuse {
         }
         let create = flags & libc::XATTR_CREATE != 0;
         let replace = flags & libc::XATTR_REPLACE != 0;
-        match self.fs.setxattr(ino.0, name.as_bytes(), value, create, replace) {
+        match self
+            .fs
+            .setxattr(ino.0, name.as_bytes(), value, create, replace)
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -559,7 +632,13 @@ impl fuser::Filesystem for AnvilFuse {
         let end = offset.saturating_add(length);
         let result = self.fs.getattr(ino.0).and_then(|attr| {
             if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > attr.size {
-                self.fs.setattr(ino.0, &SetAttr { size: Some(end), ..Default::default() })?;
+                self.fs.setattr(
+                    ino.0,
+                    &SetAttr {
+                        size: Some(end),
+                        ..Default::default()
+                    },
+                )?;
             }
             Ok(())
         });

@@ -202,7 +202,7 @@ fn check_namespace(volume: &Volume, live: &HashMap<LogicalKey, Element>, report:
         }
     }
     report.objects = inodes.len() as u64;
-    if volume.committed_tid() > 1 && !inodes.contains_key(&ROOT_OBJ) {
+    if !inodes.is_empty() && !inodes.contains_key(&ROOT_OBJ) {
         note(report, "root directory missing".to_string());
     }
     let mut links: HashMap<u64, u32> = HashMap::new();

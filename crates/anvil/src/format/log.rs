@@ -10,6 +10,9 @@ use super::{
 };
 use crate::error::{Error, Result};
 
+/// obj, rtype, key, replaces, value kind: the size of an entry that deletes.
+const LOG_ENTRY_BYTES_MIN: usize = 8 + 1 + 8 + 8 + 1;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEntry {
     pub lk: LogicalKey,
@@ -83,8 +86,8 @@ impl LogBatch {
         let seq = r.u64()?;
         let next_obj = r.u64()?;
         let count = r.u32()? as usize;
-        // Every entry takes at least 34 bytes.
-        if count > r.remaining() / 34 {
+        // Every entry takes at least LOG_ENTRY_BYTES_MIN bytes.
+        if count > r.remaining() / LOG_ENTRY_BYTES_MIN {
             return Err(Error::corrupt(
                 "log entry count out of range",
                 format!("byte {address}"),

@@ -122,6 +122,9 @@ pub fn open_block<'a>(bytes: &'a [u8], expect: &Expect<'_>) -> Result<(BlockHead
     if checksum(&scratch) != stored_sum {
         return Err(Error::corrupt("checksum mismatch", location));
     }
+    if version == 0 {
+        return Err(Error::corrupt("format version 0", location));
+    }
     if version > FORMAT_VERSION {
         return Err(Error::Version {
             found: version,

@@ -7,11 +7,14 @@ use crate::format::record::{
     hash_slot_base, kind, rtype, Dirent, Inode, LogicalKey, Xattr, DATA_CHUNK_BYTES, HASH_SLOTS,
     ROOT_OBJ,
 };
-use crate::volume::Value;
+use crate::volume::{RootRef, Value};
+use std::sync::Arc;
 
+/// Holds the root it reads from, so nothing it can reach is freed while it exists.
 pub struct AsOf<'a> {
     fs: &'a Filesystem,
     tid: u64,
+    root: Arc<RootRef>,
 }
 
 impl<'a> AsOf<'a> {
@@ -22,7 +25,11 @@ impl<'a> AsOf<'a> {
                 "TID {tid:#018x} is not a committed point (last commit {committed:#018x})"
             )));
         }
-        Ok(AsOf { fs, tid })
+        Ok(AsOf {
+            fs,
+            tid,
+            root: fs.volume.root(),
+        })
     }
 
     pub fn tid(&self) -> u64 {
@@ -50,7 +57,7 @@ impl<'a> AsOf<'a> {
         Ok(self
             .fs
             .volume
-            .range_at(self.tid, lo, hi, limit)?
+            .range_at(&self.root, self.tid, lo, hi, limit)?
             .into_iter()
             .map(|(lk, v)| (lk.key, v))
             .collect())
@@ -65,7 +72,12 @@ impl<'a> AsOf<'a> {
 
     fn inode(&self, ino: u64) -> Result<Inode> {
         let lk = inode_key(ino);
-        match self.fs.volume.range_at(self.tid, lk, lk, 1)?.first() {
+        match self
+            .fs
+            .volume
+            .range_at(&self.root, self.tid, lk, lk, 1)?
+            .first()
+        {
             Some((_, value)) => Inode::decode(&self.bytes(value)?),
             None => posix(libc::ENOENT),
         }
@@ -80,7 +92,13 @@ impl<'a> AsOf<'a> {
             return posix(libc::ENOTDIR);
         }
         let base = hash_slot_base(name);
-        for (_, value) in self.records(parent, rtype::DIRENT, base, base + HASH_SLOTS - 1, 4096)? {
+        for (_, value) in self.records(
+            parent,
+            rtype::DIRENT,
+            base,
+            base + HASH_SLOTS - 1,
+            HASH_SLOTS as usize,
+        )? {
             let entry = Dirent::decode(&self.bytes(&value)?)?;
             if entry.name == name {
                 return self.getattr(entry.child);
@@ -175,7 +193,13 @@ impl<'a> AsOf<'a> {
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         self.inode(ino)?;
         let base = hash_slot_base(name);
-        for (_, value) in self.records(ino, rtype::XATTR, base, base + HASH_SLOTS - 1, 4096)? {
+        for (_, value) in self.records(
+            ino,
+            rtype::XATTR,
+            base,
+            base + HASH_SLOTS - 1,
+            HASH_SLOTS as usize,
+        )? {
             let xattr = Xattr::decode(&self.bytes(&value)?)?;
             if xattr.name == name {
                 return Ok(xattr.value);

@@ -91,7 +91,9 @@ fn find_hashed(
     name_of: impl Fn(&[u8]) -> Result<Vec<u8>>,
 ) -> Step<Option<(u64, Arc<Vec<u8>>)>> {
     let base = hash_slot_base(name);
-    for (slot, value, _) in tx.range_versions(obj, rtype, base, base + HASH_SLOTS - 1, 4096)? {
+    for (slot, value, _) in
+        tx.range_versions(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOTS as usize)?
+    {
         let bytes = tx.resolve(&value)?;
         if name_of(&bytes)? == name {
             return Ok(Some((slot, bytes)));

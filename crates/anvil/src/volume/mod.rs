@@ -297,6 +297,13 @@ impl Volume {
             if batch.epoch != sb.committed_tid || batch.seq != seq {
                 break;
             }
+            if let Some(bad) = batch.entries.iter().find(|e| !log_entry_is_valid(e)) {
+                log::warn!(
+                    "redo log batch {seq} holds an invalid entry {:?}; replay stops",
+                    bad.lk
+                );
+                break;
+            }
             let mut st = self.state.lock();
             st.next_obj = st.next_obj.max(batch.next_obj);
             for entry in batch.entries {
@@ -388,9 +395,20 @@ impl Volume {
         }
         let mut pinned_nodes: HashMap<u64, Arc<Node>> = HashMap::new();
         let mut pinned_extents: HashMap<ExtentRef, Arc<Vec<u8>>> = HashMap::new();
+        // Pins are only valid for the root they were read under; holding that root keeps
+        // its blocks from being reused while a retry loads more.
+        let mut pinned_root: Option<Arc<RootRef>> = None;
         loop {
             let need = {
                 let mut st = self.state.lock();
+                if !pinned_root
+                    .as_ref()
+                    .is_some_and(|r| Arc::ptr_eq(r, &st.root))
+                {
+                    pinned_nodes.clear();
+                    pinned_extents.clear();
+                    pinned_root = Some(st.root.clone());
+                }
                 let mut tx = Tx::new(self, &mut st, &pinned_nodes, &pinned_extents);
                 match op(&mut tx) {
                     Ok(value) => {
@@ -442,12 +460,12 @@ impl Volume {
     /// Elements of the committed tree with `lo <= key <= hi`, visible as of `tid`.
     pub fn range_at(
         &self,
+        root: &RootRef,
         tid: u64,
         lo: LogicalKey,
         hi: LogicalKey,
         limit: usize,
     ) -> Result<Vec<(LogicalKey, Value)>> {
-        let root = self.root();
         if tid > root.tid {
             return Err(Error::Invalid(format!(
                 "TID {tid:#018x} is newer than the last commit {:#018x}",
@@ -798,6 +816,17 @@ impl Volume {
 }
 
 pub(crate) type Step<T> = btree::Step<T>;
+
+/// A log entry the engine could have written: known record type, value within its limits.
+fn log_entry_is_valid(entry: &LogEntry) -> bool {
+    let len = entry.value.as_ref().map_or(0, Vec::len);
+    let limit = match entry.lk.rtype {
+        rtype::DATA => crate::format::record::DATA_CHUNK_BYTES as usize,
+        rtype::INODE..=rtype::COMMIT => crate::format::record::INLINE_BYTES_MAX,
+        _ => return false,
+    };
+    len <= limit && entry.replaces < u64::MAX
+}
 
 pub(crate) fn max_key() -> Key {
     Key {
