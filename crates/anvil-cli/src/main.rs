@@ -64,6 +64,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Commit a mounted volume now and print the durable TID.
+    Synctid {
+        /// The directory the volume is mounted on.
+        dir: PathBuf,
+    },
+    /// Print a file of an unmounted volume, now or as of an earlier TID.
+    Cat {
+        image: PathBuf,
+        /// Path inside the volume, e.g. /notes.txt.
+        path: String,
+        /// Read as of this committed TID (hex 0x... or decimal).
+        #[arg(long)]
+        at: Option<String>,
+    },
+    /// List a directory of an unmounted volume, now or as of an earlier TID.
+    Ls {
+        image: PathBuf,
+        #[arg(default_value = "/")]
+        path: String,
+        #[arg(long)]
+        at: Option<String>,
+    },
 }
 
 /// Exit codes: 0 success, 1 operation failed, 2 usage error, 3 volume damaged (check).
@@ -88,6 +110,12 @@ fn main() -> ExitCode {
         } => mount::run(&image, &dir, &options, foreground, log.as_deref()),
         Command::Info { target, json } => info(&target, json),
         Command::Check { image, json } => check(&image, json),
+        Command::Synctid { dir } => mount::synctid(&dir).map(|tid| {
+            println!("{tid:#018x}");
+            0
+        }),
+        Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
+        Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -267,4 +295,41 @@ fn check(image: &Path, json: bool) -> Result<u8, String> {
         }
     }
     Ok(if report.is_clean() { 0 } else { EXIT_DAMAGED })
+}
+
+/// Parses a TID given as 0x-prefixed hex (the form anvil prints) or decimal.
+fn parse_tid(text: &str) -> Result<u64, String> {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed.map_err(|_| format!("invalid TID {text:?} (expected 0x<hex> or a decimal number)"))
+}
+
+fn cat(image: &Path, path: &str, at: Option<&str>) -> Result<u8, String> {
+    let fs = open_for_inspection(image)?;
+    let bytes = match at {
+        Some(tid) => fs.at(parse_tid(tid)?).and_then(|view| view.read_file(path)),
+        None => fs.read_file(path),
+    }
+    .map_err(|e| format!("{path}: {e}"))?;
+    use std::io::Write;
+    std::io::stdout().write_all(&bytes).map_err(|e| e.to_string())?;
+    Ok(0)
+}
+
+fn ls(image: &Path, path: &str, at: Option<&str>) -> Result<u8, String> {
+    let fs = open_for_inspection(image)?;
+    let entries = match at {
+        Some(tid) => fs.at(parse_tid(tid)?).and_then(|view| view.list_dir(path)),
+        None => fs.list_dir(path),
+    }
+    .map_err(|e| format!("{path}: {e}"))?;
+    let mut names: Vec<String> =
+        entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+    names.sort();
+    for name in names {
+        println!("{name}");
+    }
+    Ok(0)
 }

@@ -264,6 +264,21 @@ fn detach_stdout() {
     }
 }
 
+/// Commits a mounted volume through the root's control attribute; returns the durable TID.
+pub fn synctid(dir: &Path) -> Result<u64, String> {
+    let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
+    let name = CString::new(anvil_fuse::SYNC_XATTR).map_err(|_| "bad attribute name")?;
+    // SAFETY: valid strings and a one-byte value.
+    let rc = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("{}: cannot commit ({e}); is it an anvil mount root?", dir.display()));
+    }
+    let info: serde_json::Value =
+        serde_json::from_str(&query_info(dir)?).map_err(|e| format!("bad info: {e}"))?;
+    info["committed_tid"].as_u64().ok_or_else(|| "info has no committed_tid".to_string())
+}
+
 /// Asks a mounted volume for its info through the root's control attribute.
 pub fn query_info(dir: &Path) -> Result<String, String> {
     let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;

@@ -119,6 +119,9 @@ fn free_slot(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<u64> {
 }
 
 fn find_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<Option<(u64, Dirent)>> {
+    if name.len() > NAME_BYTES_MAX {
+        return fail(libc::ENAMETOOLONG);
+    }
     let found = find_hashed(tx, dir, rtype::DIRENT, name, |bytes| {
         Ok(Dirent::decode(bytes)?.name)
     })?;
