@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 type Dump = BTreeMap<String, String>;
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+type Action = Box<dyn Fn(&Filesystem) -> anvil::Result<()>>;
 
 /// A canonical description of everything visible: paths, kinds, modes, links, contents,
 /// symlink targets and xattrs.
@@ -20,7 +22,7 @@ fn dump_with(
     attr: &dyn Fn(u64) -> anvil::Result<anvil::Attr>,
     read: &dyn Fn(u64, u64) -> anvil::Result<Vec<u8>>,
     link: &dyn Fn(u64) -> anvil::Result<Vec<u8>>,
-    xattrs: &dyn Fn(u64) -> anvil::Result<Vec<(Vec<u8>, Vec<u8>)>>,
+    xattrs: &dyn Fn(u64) -> anvil::Result<Xattrs>,
 ) -> Dump {
     let mut out = Dump::new();
     let mut stack = vec![(1u64, String::new())];
@@ -121,7 +123,7 @@ fn dump_at(fs: &Filesystem, tid: u64) -> Dump {
 
 /// One step of a workload. `Sync` commits, `Fsync` goes through the redo log.
 enum Step {
-    Op(Box<dyn Fn(&Filesystem) -> anvil::Result<()>>),
+    Op(Action),
     Sync,
     Fsync,
 }

@@ -16,6 +16,7 @@ pub use memory::MemDevice;
 use std::io;
 
 /// Persistent byte storage with an explicit durability barrier.
+#[allow(clippy::len_without_is_empty)] // a device's length is its size, never "empty"
 pub trait Device: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`. Reading past the end is an error.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;

@@ -629,7 +629,7 @@ impl Volume {
         frozen: &Overlay,
         old_root: &RootRef,
         previous: Superblock,
-    ) -> Result<(Root, Vec<(u64, u64)>, Superblock)> {
+    ) -> Result<CommitOutcome> {
         let tid = frozen.tid;
         let mut mutations: Vec<Mutation> = Vec::with_capacity(frozen.map.len() * 2 + 1);
         let mut data: Vec<(usize, Vec<u8>, u8, u32)> = Vec::new();
@@ -816,6 +816,9 @@ impl Volume {
 }
 
 pub(crate) type Step<T> = btree::Step<T>;
+
+/// What a written commit produced: the new root, the ranges it freed, its superblock.
+type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock);
 
 /// A log entry the engine could have written: known record type, value within its limits.
 fn log_entry_is_valid(entry: &LogEntry) -> bool {
