@@ -173,6 +173,7 @@ fn existing_filesystem(device: &dyn Device) -> std::io::Result<Option<&'static s
 }
 
 fn mkfs(image: &Path, size: Option<&str>, force: bool, label: &str) -> Result<u8, String> {
+    let requested = size.map(parse_size).transpose()?;
     let existed = image.exists();
     let device =
         FileDevice::create(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
@@ -184,8 +185,8 @@ fn mkfs(image: &Path, size: Option<&str>, force: bool, label: &str) -> Result<u8
             ));
         }
     }
-    let bytes = match size {
-        Some(text) => parse_size(text)?,
+    let bytes = match requested {
+        Some(bytes) => bytes,
         None if device.is_block_device() => device.len().map_err(|e| e.to_string())?,
         None => return Err("--size is required for an image file".to_string()),
     };
@@ -314,7 +315,9 @@ fn cat(image: &Path, path: &str, at: Option<&str>) -> Result<u8, String> {
     }
     .map_err(|e| format!("{path}: {e}"))?;
     use std::io::Write;
-    std::io::stdout().write_all(&bytes).map_err(|e| e.to_string())?;
+    std::io::stdout()
+        .write_all(&bytes)
+        .map_err(|e| e.to_string())?;
     Ok(0)
 }
 
@@ -325,8 +328,10 @@ fn ls(image: &Path, path: &str, at: Option<&str>) -> Result<u8, String> {
         None => fs.list_dir(path),
     }
     .map_err(|e| format!("{path}: {e}"))?;
-    let mut names: Vec<String> =
-        entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+    let mut names: Vec<String> = entries
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
     names.sort();
     for name in names {
         println!("{name}");

@@ -25,6 +25,7 @@ struct Config {
     mount: MountOptions,
     ttl: Duration,
     threads: usize,
+    writeback: bool,
 }
 
 fn parse_options(options: &[String]) -> Result<Config, String> {
@@ -33,6 +34,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         mount: MountOptions::default(),
         ttl: Duration::from_secs(10),
         threads,
+        writeback: false,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -58,6 +60,8 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
             }
             "commit_interval_ms" => config.mount.commit_interval_ms = number(value)?.max(1),
             "ttl_ms" => config.ttl = Duration::from_millis(number(value)?),
+            "writeback" => config.writeback = true,
+            "nowriteback" => config.writeback = false,
             "threads" => config.threads = number(value)?.clamp(1, 64) as usize,
             // Always on: accepted for compatibility with fstab habits.
             "allow_other" | "default_permissions" | "defaults" => {}
@@ -205,7 +209,7 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
     };
     fuse_config.n_threads = Some(config.threads);
     fuse_config.clone_fd = true;
-    let adapter = AnvilFuse::new(fs.clone(), config.ttl);
+    let adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
     let mut session = match fuser::Session::new(adapter, dir, &fuse_config) {
         Ok(session) => session,
         Err(e) => {
@@ -272,11 +276,16 @@ pub fn synctid(dir: &Path) -> Result<u64, String> {
     let rc = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(format!("{}: cannot commit ({e}); is it an anvil mount root?", dir.display()));
+        return Err(format!(
+            "{}: cannot commit ({e}); is it an anvil mount root?",
+            dir.display()
+        ));
     }
     let info: serde_json::Value =
         serde_json::from_str(&query_info(dir)?).map_err(|e| format!("bad info: {e}"))?;
-    info["committed_tid"].as_u64().ok_or_else(|| "info has no committed_tid".to_string())
+    info["committed_tid"]
+        .as_u64()
+        .ok_or_else(|| "info has no committed_tid".to_string())
 }
 
 /// Asks a mounted volume for its info through the root's control attribute.

@@ -12,6 +12,8 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -27,11 +29,37 @@ pub const SYNC_XATTR: &str = "trusted.anvil.sync";
 pub struct AnvilFuse {
     fs: Arc<Filesystem>,
     ttl: Duration,
+    writeback: bool,
+    /// Kernel lookup counts. The kernel keeps a reference for every open file, so an object
+    /// unlinked while known to the kernel lives (as an orphan) until its count drops to 0.
+    /// This replaces OPEN/RELEASE tracking, which the kernel skips (FUSE_NO_OPEN_SUPPORT).
+    lookups: Mutex<HashMap<u64, u64>>,
 }
 
 impl AnvilFuse {
-    pub fn new(fs: Arc<Filesystem>, ttl: Duration) -> AnvilFuse {
-        AnvilFuse { fs, ttl }
+    /// `writeback`: let the kernel cache writes (fewer, larger writes reach us; the kernel
+    /// then owns mtime and pushes it with SETATTR).
+    pub fn new(fs: Arc<Filesystem>, ttl: Duration, writeback: bool) -> AnvilFuse {
+        AnvilFuse {
+            fs,
+            ttl,
+            writeback,
+            lookups: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records one more kernel reference to `ino` (every entry reply gives one).
+    fn remember(&self, ino: u64) {
+        let first = {
+            let mut lookups = self.lookups.lock();
+            let count = lookups.entry(ino).or_insert(0);
+            *count += 1;
+            *count == 1
+        };
+        if first {
+            // Pins the object: unlink keeps it as an orphan while the kernel knows it.
+            let _ = self.fs.open_handle(ino);
+        }
     }
 }
 
@@ -127,12 +155,17 @@ fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
 
 impl fuser::Filesystem for AnvilFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let wanted = InitFlags::FUSE_WRITEBACK_CACHE
-            | InitFlags::FUSE_PARALLEL_DIROPS
+        // No ATOMIC_O_TRUNC: OPEN is not sent (NO_OPEN_SUPPORT), so the kernel truncates
+        // through SETATTR itself.
+        let mut wanted = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+            | InitFlags::FUSE_NO_OPEN_SUPPORT
+            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+        if self.writeback {
+            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
         let available = config.capabilities() & wanted;
         let _ = config.add_capabilities(available);
         let _ = config.set_max_write(1 << 20);
@@ -150,8 +183,33 @@ impl fuser::Filesystem for AnvilFuse {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Ok(attr) => {
+                self.remember(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let last = {
+            let mut lookups = self.lookups.lock();
+            match lookups.get_mut(&ino.0) {
+                Some(count) if *count > nlookup => {
+                    *count -= nlookup;
+                    false
+                }
+                Some(_) => {
+                    lookups.remove(&ino.0);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last {
+            if let Err(e) = self.fs.release_handle(ino.0) {
+                log::error!("releasing object {}: {e}", ino.0);
+            }
         }
     }
 
@@ -217,7 +275,10 @@ impl fuser::Filesystem for AnvilFuse {
             .fs
             .mknod(caller(req), parent.0, name.as_bytes(), mode, rdev as u64)
         {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Ok(attr) => {
+                self.remember(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -237,7 +298,10 @@ impl fuser::Filesystem for AnvilFuse {
             name.as_bytes(),
             mode & 0o7777 & !umask,
         ) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Ok(attr) => {
+                self.remember(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -269,7 +333,10 @@ impl fuser::Filesystem for AnvilFuse {
             .fs
             .symlink(caller(req), parent.0, link_name.as_bytes(), target)
         {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Ok(attr) => {
+                self.remember(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -312,31 +379,18 @@ impl fuser::Filesystem for AnvilFuse {
         reply: ReplyEntry,
     ) {
         match self.fs.link(ino.0, newparent.0, newname.as_bytes()) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Ok(attr) => {
+                self.remember(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        // With FUSE_ATOMIC_O_TRUNC the kernel leaves O_TRUNC to us.
-        let truncate = flags.0 & libc::O_TRUNC != 0;
-        let result = self.fs.open_handle(ino.0).and_then(|attr| {
-            if truncate && attr.kind == FileKind::File && attr.size > 0 {
-                let changes = SetAttr {
-                    size: Some(0),
-                    ..Default::default()
-                };
-                if let Err(e) = self.fs.setattr(ino.0, &changes) {
-                    let _ = self.fs.release_handle(ino.0);
-                    return Err(e);
-                }
-            }
-            Ok(attr)
-        });
-        match result {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // With FUSE_NO_OPEN_SUPPORT, ENOSYS tells the kernel to stop sending OPEN and
+        // RELEASE and to keep its page cache across opens.
+        reply.error(Errno::ENOSYS);
     }
 
     fn read(
@@ -382,23 +436,8 @@ impl fuser::Filesystem for AnvilFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.release_handle(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        // Nothing to do on close; ENOSYS stops the kernel from sending FLUSH at all.
+        reply.error(Errno::ENOSYS);
     }
 
     fn fsync(
@@ -415,14 +454,10 @@ impl fuser::Filesystem for AnvilFuse {
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.getattr(ino.0) {
-            Ok(attr) if attr.kind == FileKind::Dir => {
-                reply.opened(FileHandle(0), FopenFlags::empty())
-            }
-            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // FUSE_NO_OPENDIR_SUPPORT: no OPENDIR/RELEASEDIR round trips; the kernel checks
+        // directory-ness itself and caches listings (FOPEN_CACHE_DIR is implied).
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
@@ -485,6 +520,10 @@ impl fuser::Filesystem for AnvilFuse {
                 Generation(0),
             ) {
                 break;
+            }
+            // The kernel counts a lookup for every entry it was given, except "." and "..".
+            if entry.name != b"." && entry.name != b".." {
+                self.remember(entry.ino);
             }
         }
         reply.ok();
@@ -598,18 +637,20 @@ impl fuser::Filesystem for AnvilFuse {
         reply: ReplyCreate,
     ) {
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
-        let result = self
+        match self
             .fs
             .mknod(caller(req), parent.0, name.as_bytes(), mode, 0)
-            .and_then(|attr| self.fs.open_handle(attr.ino).map(|_| attr));
-        match result {
-            Ok(attr) => reply.created(
-                &self.ttl,
-                &file_attr(&attr),
-                Generation(0),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
+        {
+            Ok(attr) => {
+                self.remember(attr.ino);
+                reply.created(
+                    &self.ttl,
+                    &file_attr(&attr),
+                    Generation(0),
+                    FileHandle(0),
+                    FopenFlags::FOPEN_KEEP_CACHE,
+                )
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

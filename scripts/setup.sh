@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Prepare a Debian 12 machine for anvil's build and its mount-level tests.
+#
+#   scripts/setup.sh            install what is missing, then build anvil (release)
+#   SKIP_BUILD=1 scripts/setup.sh   only install the tools
+#
+# Idempotent: Debian packages are installed only when missing, and the
+# cargo-installed test tools (pjdfstest, fsx) only when <repo>/.tools/bin does
+# not already hold the pinned version.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TOOLS="$ROOT/.tools"
+
+# Debian packages: FUSE runtime and headers, ACL/xattr tools (pjdfstest needs
+# libacl1-dev to build), peer filesystems for comparisons, load generators.
+APT_PACKAGES=(
+    fuse3 libfuse3-dev pkg-config libacl1-dev acl attr
+    e2fsprogs xfsprogs btrfs-progs fio stress-ng
+)
+
+# Test tools from crates.io, pinned: "crate version binary".
+CARGO_TOOLS=(
+    "pjdfstest 0.2.2 pjdfstest"
+    "fsx 0.3.2 fsx"
+)
+
+log() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+is_installed() {
+    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
+
+install_apt_packages() {
+    local missing=() pkg
+    for pkg in "${APT_PACKAGES[@]}"; do
+        is_installed "$pkg" || missing+=("$pkg")
+    done
+    if ((${#missing[@]} == 0)); then
+        log "Debian packages: all present (${APT_PACKAGES[*]})"
+        return
+    fi
+    if ((EUID != 0)); then
+        die "missing Debian packages: ${missing[*]}; run this script as root to install them"
+    fi
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+install_cargo_tools() {
+    local entry crate version bin
+    mkdir -p "$TOOLS"
+    for entry in "${CARGO_TOOLS[@]}"; do
+        read -r crate version bin <<<"$entry"
+        if [[ -x "$TOOLS/bin/$bin" && "$("$TOOLS/bin/$bin" --version 2>/dev/null)" == "$bin $version" ]]; then
+            log "$crate $version: present ($TOOLS/bin/$bin)"
+            continue
+        fi
+        log "$crate $version: cargo install into $TOOLS (takes a few minutes)"
+        cargo install --locked --root "$TOOLS" --version "$version" "$crate"
+    done
+}
+
+build_anvil() {
+    if [[ "${SKIP_BUILD:-0}" == 1 ]]; then
+        log "SKIP_BUILD=1: not building anvil"
+        return
+    fi
+    log "building anvil (cargo build --release -p anvil-cli)"
+    (cd "$ROOT" && cargo build --release -p anvil-cli)
+    log "anvil binary: $ROOT/target/release/anvil"
+}
+
+command -v cargo >/dev/null || die "cargo not found in PATH"
+install_apt_packages
+install_cargo_tools
+build_anvil
+log "done"
