@@ -15,6 +15,7 @@ fn unlinked_open_file_lives_until_closed() {
     let path = mount.path().join("victim");
     let mut file = OpenOptions::new()
         .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
         .open(&path)
