@@ -22,6 +22,15 @@ pub trait Device: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`. Not durable until the next `flush` returns.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes the buffers back to back starting at `offset` (one request where the device
+    /// supports it). Same durability as `write_at`.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut joined = Vec::with_capacity(bufs.iter().map(|b| b.len()).sum());
+        for buf in bufs {
+            joined.extend_from_slice(buf);
+        }
+        self.write_at(&joined, offset)
+    }
     /// Barrier: every write that returned before this call is durable when it returns.
     fn flush(&self) -> io::Result<()>;
     /// Current length in bytes.

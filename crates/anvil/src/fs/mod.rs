@@ -837,15 +837,27 @@ impl Filesystem {
             return Ok(Vec::new());
         }
         let mut out = vec![0u8; (end - offset) as usize];
+        let extents: Vec<_> = chunks
+            .iter()
+            .filter_map(|(_, value, _)| match value {
+                Value::Extent(extent) => Some(*extent),
+                Value::Bytes(_) => None,
+            })
+            .collect();
+        let mut loaded = self.volume.read_extents(&extents).into_iter();
         for (key, value, create_tid) in chunks {
             let chunk_start = key - DATA_CHUNK_BYTES;
             let bytes = match &value {
                 Value::Bytes(bytes) => bytes.clone(),
-                Value::Extent(extent) => Arc::new(self.volume.read_extent(extent).inspect_err(|e| {
-                    log::error!(
-                        "read of object {ino} at offset {chunk_start} (TID {create_tid:#018x}) failed: {e}"
-                    );
-                })?),
+                Value::Extent(_) => {
+                    let result = loaded.next().expect("one result per extent");
+                    Arc::new(result.inspect_err(|e| {
+                        log::error!(
+                            "read of object {ino} at offset {chunk_start} \
+                             (TID {create_tid:#018x}) failed: {e}"
+                        );
+                    })?)
+                }
             };
             let from = offset.max(chunk_start);
             let to = end.min(chunk_start + bytes.len() as u64);

@@ -3,13 +3,19 @@
 use crate::error::{Error, Result};
 use crate::format::record::{compression, ExtentRef, DATA_CHUNK_BYTES};
 
-pub fn encode_extent(bytes: &[u8]) -> (Vec<u8>, u8) {
-    let compressed = lz4_flex::block::compress(bytes);
-    if compressed.len() <= bytes.len() - bytes.len() / 8 {
-        (compressed, compression::LZ4)
-    } else {
-        (bytes.to_vec(), compression::NONE)
+/// Compressed bytes, or None when the data should be stored as it is.
+pub fn encode_extent(bytes: &[u8]) -> Option<Vec<u8>> {
+    // Probe a sample first: data that does not shrink (media, encrypted, random) is common
+    // and compressing all of it is wasted work.
+    const SAMPLE_BYTES: usize = 4096;
+    if bytes.len() > 2 * SAMPLE_BYTES {
+        let sample = &bytes[..SAMPLE_BYTES];
+        if lz4_flex::block::compress(sample).len() > SAMPLE_BYTES - SAMPLE_BYTES / 16 {
+            return None;
+        }
     }
+    let compressed = lz4_flex::block::compress(bytes);
+    (compressed.len() <= bytes.len() - bytes.len() / 8).then_some(compressed)
 }
 
 /// Verifies and decodes stored extent bytes.

@@ -41,6 +41,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// fsync batches larger than this commit instead (data is then written once, in place).
+const LOG_BATCH_BYTES_MAX: u64 = 8 << 20;
+/// Longest merged extent read.
+const RUN_BYTES_MAX: u64 = 4 << 20;
+
 /// Tuning of an open volume.
 #[derive(Clone, Debug)]
 pub struct VolumeOptions {
@@ -436,12 +441,66 @@ impl Volume {
         }
     }
 
+    /// Reads and verifies several extents, merging neighbours on the device into single
+    /// reads (extents written together lie side by side). Results are in input order.
+    pub fn read_extents(&self, extents: &[ExtentRef]) -> Vec<Result<Vec<u8>>> {
+        let mut order: Vec<usize> = (0..extents.len()).collect();
+        order.sort_by_key(|&i| extents[i].offset);
+        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..extents.len()).map(|_| None).collect();
+        let mut start = 0;
+        while start < order.len() {
+            // A run: each extent begins where the previous one's blocks end.
+            let mut end = start + 1;
+            while end < order.len() {
+                let previous = &extents[order[end - 1]];
+                let next = &extents[order[end]];
+                let contiguous = previous.offset + previous.allocated_bytes() == next.offset;
+                if !contiguous || next.offset - extents[order[start]].offset > RUN_BYTES_MAX {
+                    break;
+                }
+                end += 1;
+            }
+            let first = &extents[order[start]];
+            let last = &extents[order[end - 1]];
+            let run_bytes = (last.offset + last.stored_bytes as u64 - first.offset) as usize;
+            let in_bounds = self.extent_in_bounds(first) && self.extent_in_bounds(last);
+            let mut buffer = vec![0u8; run_bytes];
+            let read = if in_bounds {
+                self.device
+                    .read_at(&mut buffer, first.offset)
+                    .map_err(Error::from)
+            } else {
+                Err(Error::corrupt(
+                    "extent outside the data area",
+                    extent_location(first),
+                ))
+            };
+            for &index in &order[start..end] {
+                let extent = &extents[index];
+                out[index] = Some(match &read {
+                    Ok(()) => {
+                        let at = (extent.offset - first.offset) as usize;
+                        decode_extent(extent, &buffer[at..at + extent.stored_bytes as usize])
+                    }
+                    Err(_) => self.read_extent(extent),
+                });
+            }
+            start = end;
+        }
+        out.into_iter()
+            .map(|r| r.expect("every extent was read"))
+            .collect()
+    }
+
+    fn extent_in_bounds(&self, extent: &ExtentRef) -> bool {
+        let end = extent.offset.checked_add(extent.stored_bytes as u64);
+        end.is_some_and(|e| e <= self.space.volume_bytes())
+            && extent.offset >= self.space.data_offset()
+    }
+
     /// Reads and verifies one extent. A checksum mismatch is an error, never data.
     pub fn read_extent(&self, extent: &ExtentRef) -> Result<Vec<u8>> {
-        let end = extent.offset.checked_add(extent.stored_bytes as u64);
-        if end.is_none_or(|e| e > self.space.volume_bytes())
-            || extent.offset < self.space.data_offset()
-        {
+        if !self.extent_in_bounds(extent) {
             return Err(Error::corrupt(
                 "extent outside the data area",
                 extent_location(extent),
@@ -632,7 +691,7 @@ impl Volume {
     ) -> Result<CommitOutcome> {
         let tid = frozen.tid;
         let mut mutations: Vec<Mutation> = Vec::with_capacity(frozen.map.len() * 2 + 1);
-        let mut data: Vec<(usize, Vec<u8>, u8, u32)> = Vec::new();
+        let mut data: Vec<(usize, Stored)> = Vec::new();
         for (lk, pending) in &frozen.map {
             if pending.replaces != 0 {
                 let old = Key::new(*lk, pending.replaces);
@@ -646,8 +705,11 @@ impl Volume {
                 continue;
             };
             let payload = if lk.rtype == rtype::DATA && value.len() > DATA_INLINE_BYTES_MAX {
-                let (stored, compression) = encode_extent(value);
-                data.push((mutations.len(), stored, compression, value.len() as u32));
+                let stored = match encode_extent(value) {
+                    Some(compressed) => Stored::Lz4(compressed, value.len() as u32),
+                    None => Stored::Raw(value.clone()),
+                };
+                data.push((mutations.len(), stored));
                 Payload::Inline(Vec::new()) // replaced below once the extent is placed
             } else {
                 Payload::Inline(value.to_vec())
@@ -698,44 +760,49 @@ impl Volume {
         Ok((new_root, ctx.freed, sb))
     }
 
-    /// Places compressed extents side by side and writes them in as few requests as possible.
-    fn write_extents(
-        &self,
-        mutations: &mut [Mutation],
-        data: Vec<(usize, Vec<u8>, u8, u32)>,
-    ) -> Result<()> {
-        let mut run_start = 0u64;
-        let mut run: Vec<u8> = Vec::new();
-        for (index, stored, compression, logical_bytes) in data {
-            let allocated = (stored.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+    /// Places extents side by side and writes each contiguous run as one request, straight
+    /// from the chunk buffers.
+    fn write_extents(&self, mutations: &mut [Mutation], data: Vec<(usize, Stored)>) -> Result<()> {
+        static ZEROS: [u8; BLOCK_BYTES as usize] = [0; BLOCK_BYTES as usize];
+        let mut placed: Vec<(u64, u64, &Stored)> = Vec::with_capacity(data.len());
+        for (index, stored) in &data {
+            let bytes = stored.bytes();
+            let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
             let offset = self.space.allocate(allocated, Purpose::Metadata)?;
-            if !run.is_empty() && run_start + run.len() as u64 != offset {
-                self.device.write_at(&run, run_start)?;
-                run.clear();
-            }
-            if run.is_empty() {
-                run_start = offset;
-            }
             let extent = ExtentRef {
                 offset,
-                stored_bytes: stored.len() as u32,
-                logical_bytes,
-                checksum: crate::checksum::checksum(&stored),
-                compression,
+                stored_bytes: bytes.len() as u32,
+                logical_bytes: stored.logical_bytes(),
+                checksum: crate::checksum::checksum(bytes),
+                compression: stored.compression(),
             };
-            run.extend_from_slice(&stored);
-            run.resize(run.len() + (allocated as usize - stored.len()), 0);
-            if let Mutation::Insert(element) = &mut mutations[index] {
+            if let Mutation::Insert(element) = &mut mutations[*index] {
                 element.payload = Payload::Extent(extent);
             }
-            if run.len() >= 8 << 20 {
-                self.device.write_at(&run, run_start)?;
-                run_start += run.len() as u64;
-                run.clear();
-            }
+            placed.push((offset, allocated, stored));
         }
-        if !run.is_empty() {
-            self.device.write_at(&run, run_start)?;
+        let mut start = 0;
+        while start < placed.len() {
+            let mut end = start + 1;
+            let mut run_bytes = placed[start].1;
+            while end < placed.len()
+                && placed[end - 1].0 + placed[end - 1].1 == placed[end].0
+                && run_bytes < 16 << 20
+            {
+                run_bytes += placed[end].1;
+                end += 1;
+            }
+            let mut slices: Vec<&[u8]> = Vec::with_capacity(2 * (end - start));
+            for (_, allocated, stored) in &placed[start..end] {
+                let bytes = stored.bytes();
+                slices.push(bytes);
+                let padding = *allocated as usize - bytes.len();
+                if padding > 0 {
+                    slices.push(&ZEROS[..padding]);
+                }
+            }
+            self.device.write_vectored_at(&slices, placed[start].0)?;
+            start = end;
         }
         Ok(())
     }
@@ -779,8 +846,10 @@ impl Volume {
         };
         let address = log_offset + cursor.used_bytes;
         let bytes = batch.encode(self.volume_id, address);
-        if cursor.used_bytes + bytes.len() as u64 > log_bytes {
-            // The log is full: a commit makes everything durable and empties it.
+        let large = bytes.len() as u64 > (log_bytes / 4).min(LOG_BATCH_BYTES_MAX);
+        if large || cursor.used_bytes + bytes.len() as u64 > log_bytes {
+            // A large batch would write its data twice (log, then commit), and a full log
+            // cannot take it: a commit makes everything durable once and empties the log.
             self.commit_locked(&mut cursor)?;
             return Ok(());
         }
@@ -816,6 +885,35 @@ impl Volume {
 }
 
 pub(crate) type Step<T> = btree::Step<T>;
+
+/// An extent's bytes as they go to the device.
+enum Stored {
+    /// Stored as it is: the pending chunk itself, no copy.
+    Raw(Arc<Vec<u8>>),
+    /// LZ4-compressed, with the decompressed length.
+    Lz4(Vec<u8>, u32),
+}
+
+impl Stored {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Stored::Raw(bytes) => bytes,
+            Stored::Lz4(bytes, _) => bytes,
+        }
+    }
+    fn logical_bytes(&self) -> u32 {
+        match self {
+            Stored::Raw(bytes) => bytes.len() as u32,
+            Stored::Lz4(_, logical) => *logical,
+        }
+    }
+    fn compression(&self) -> u8 {
+        match self {
+            Stored::Raw(_) => crate::format::record::compression::NONE,
+            Stored::Lz4(..) => crate::format::record::compression::LZ4,
+        }
+    }
+}
 
 /// What a written commit produced: the new root, the ranges it freed, its superblock.
 type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock);
