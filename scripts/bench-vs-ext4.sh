@@ -10,7 +10,8 @@
 # the anvil/ext4 ratio per metric, then tears everything down.
 # Needs root (loop devices, mount, drop_caches).
 #
-# Environment: BENCH_SIZE (image size, default 8G), BENCH_ONLY=ext4|anvil
+# Environment: BENCH_SIZE (image size, default 8G), BENCH_PREALLOCATE=0 (sparse images
+# instead of preallocated ones), BENCH_ONLY=ext4|anvil
 # (run one side only), ANVIL_BENCH_BIN (default: builds target/release/anvil-bench),
 # plus the ANVIL_* knobs of scripts/lib/mount.sh. Reports go to
 # target/mount-tests/bench/{ext4,anvil}.json.
@@ -68,9 +69,20 @@ bench() {
     echo
 }
 
+# Both images are preallocated by default, as a block device would be: on a sparse image
+# every first write to a region makes the host allocate blocks, which penalises whichever
+# file system writes to new places (anvil with history on never overwrites in place).
+make_image() {
+    if [[ "${BENCH_PREALLOCATE:-1}" == 1 ]]; then
+        fallocate -l "$SIZE" "$1"
+    else
+        truncate -s "$SIZE" "$1"
+    fi
+}
+
 if [[ "$ONLY" != anvil ]]; then
-    log "ext4: $SIZE sparse image on a loop device"
-    truncate -s "$SIZE" "$WORK/ext4.img"
+    log "ext4: $SIZE image on a loop device (BENCH_PREALLOCATE=${BENCH_PREALLOCATE:-1})"
+    make_image "$WORK/ext4.img"
     LOOP="$(losetup --find --show "$WORK/ext4.img")"
     # Initialise inode tables and journal now, so that ext4lazyinit does not
     # write in the background during the measurements.
@@ -85,7 +97,8 @@ if [[ "$ONLY" != anvil ]]; then
 fi
 
 if [[ "$ONLY" != ext4 ]]; then
-    log "anvil: $SIZE image ($ANVIL_BIN)"
+    log "anvil: $SIZE image ($ANVIL_BIN, BENCH_PREALLOCATE=${BENCH_PREALLOCATE:-1})"
+    make_image "$WORK/anvil.img"
     "$ANVIL_BIN" mkfs "$WORK/anvil.img" --size "$SIZE"
     anvil_mount "$WORK/anvil.img" "$WORK/anvil" "$OUT/anvil-daemon.log"
     bench anvil "$WORK/anvil"

@@ -372,6 +372,7 @@ impl Filesystem {
             commit_time_ns: usage.commit_time_ns,
             created_time_ns: usage.created_time_ns,
             objects_allocated: usage.next_obj.saturating_sub(1),
+            objects: usage.live_objects,
             pending_bytes: usage.pending_bytes,
             cache_bytes: usage.cache_bytes,
             read_only: self.volume.is_read_only(),

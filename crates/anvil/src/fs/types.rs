@@ -164,6 +164,8 @@ pub struct VolumeInfo {
     pub commit_time_ns: u64,
     pub created_time_ns: u64,
     pub objects_allocated: u64,
+    /// Files, directories and other objects that exist now.
+    pub objects: u64,
     pub pending_bytes: u64,
     pub cache_bytes: u64,
     pub read_only: bool,
@@ -178,7 +180,7 @@ impl VolumeInfo {
                 "{{\"label\":\"{}\",\"volume_id\":\"{}\",\"volume_bytes\":{},",
                 "\"data_bytes\":{},\"used_bytes\":{},\"free_bytes\":{},\"reserve_bytes\":{},",
                 "\"committed_tid\":{},\"commit_time_ns\":{},\"created_time_ns\":{},",
-                "\"objects_allocated\":{},\"pending_bytes\":{},\"cache_bytes\":{},",
+                "\"objects_allocated\":{},\"objects\":{},\"pending_bytes\":{},\"cache_bytes\":{},",
                 "\"read_only\":{}}}"
             ),
             escape(&self.label),
@@ -192,6 +194,7 @@ impl VolumeInfo {
             self.commit_time_ns,
             self.created_time_ns,
             self.objects_allocated,
+            self.objects,
             self.pending_bytes,
             self.cache_bytes,
             self.read_only

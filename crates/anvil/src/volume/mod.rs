@@ -84,6 +84,8 @@ impl Drop for RootRef {
 }
 
 pub(crate) struct State {
+    /// Objects with a live inode, pending changes included.
+    pub live_objects: u64,
     pub active: Overlay,
     pub frozen: Option<Arc<Overlay>>,
     pub root: Arc<RootRef>,
@@ -123,6 +125,7 @@ pub struct Usage {
     pub commit_time_ns: u64,
     pub created_time_ns: u64,
     pub next_obj: u64,
+    pub live_objects: u64,
     pub pending_bytes: u64,
     pub cache_bytes: u64,
     pub label: String,
@@ -233,6 +236,7 @@ impl Volume {
         let sb = Self::read_superblock(&*device)?;
         let space = Arc::new(Space::new(sb.data_offset, sb.volume_bytes));
         let cache = NodeCache::new((options.cache_bytes / 2) as usize);
+        let live_objects;
         let root = Root {
             address: sb.root_address,
             level: sb.root_level,
@@ -243,7 +247,7 @@ impl Volume {
                 cache: &cache,
                 volume_id: sb.volume_id,
             };
-            walk_space(&loader, &space, root)?;
+            live_objects = walk_space(&loader, &space, root)?;
         }
         let pending_bytes_max = (options.cache_bytes / 4).max(4 << 20);
         let root_ref = Arc::new(RootRef {
@@ -258,6 +262,7 @@ impl Volume {
             cache,
             space,
             state: Mutex::new(State {
+                live_objects,
                 active: Overlay::new(sb.next_tid),
                 frozen: None,
                 root: root_ref,
@@ -317,6 +322,14 @@ impl Volume {
                     .map
                     .get(&entry.lk)
                     .map_or(entry.replaces, |p| p.replaces);
+                if entry.lk.rtype == rtype::INODE {
+                    let existed = match st.active.map.get(&entry.lk) {
+                        Some(pending) => pending.value.is_some(),
+                        None => entry.replaces != 0,
+                    };
+                    let exists = entry.value.is_some() as u64;
+                    st.live_objects = (st.live_objects + exists).saturating_sub(existed as u64);
+                }
                 let pending = Pending {
                     value: entry.value.map(Arc::new),
                     replaces,
@@ -384,6 +397,7 @@ impl Volume {
             commit_time_ns: sb.commit_time_ns,
             created_time_ns: sb.created_time_ns,
             next_obj: st.next_obj,
+            live_objects: st.live_objects,
             pending_bytes: st.active.pending_bytes
                 + st.frozen.as_ref().map_or(0, |f| f.pending_bytes),
             cache_bytes: self.cache.memory_bytes() as u64,
@@ -953,9 +967,11 @@ pub fn extent_location(extent: &ExtentRef) -> String {
 }
 
 /// Marks every node and extent reachable from `root` as used.
-fn walk_space(loader: &Loader<'_>, space: &Space, root: Root) -> Result<()> {
+/// Also returns the number of live objects (inodes) met on the way.
+fn walk_space(loader: &Loader<'_>, space: &Space, root: Root) -> Result<u64> {
+    let mut live_objects = 0;
     if root.address == 0 {
-        return Ok(());
+        return Ok(live_objects);
     }
     let mut stack = vec![(root.address, root.level)];
     while let Some((address, level)) = stack.pop() {
@@ -964,6 +980,9 @@ fn walk_space(loader: &Loader<'_>, space: &Space, root: Root) -> Result<()> {
         match &*node {
             Node::Leaf(elements) => {
                 for element in elements {
+                    if element.key.rtype == rtype::INODE && element.delete_tid == 0 {
+                        live_objects += 1;
+                    }
                     if let Payload::Extent(extent) = &element.payload {
                         space
                             .mark_used(extent.offset, extent.allocated_bytes())
@@ -985,5 +1004,5 @@ fn walk_space(loader: &Loader<'_>, space: &Space, root: Root) -> Result<()> {
     }
     // Walked nodes need not stay cached.
     loader.cache.clear();
-    Ok(())
+    Ok(live_objects)
 }

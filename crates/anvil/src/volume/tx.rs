@@ -16,6 +16,8 @@ pub struct Tx<'a> {
     pinned_nodes: &'a HashMap<u64, Arc<Node>>,
     pinned_extents: &'a HashMap<ExtentRef, Arc<Vec<u8>>>,
     writes: BTreeMap<LogicalKey, Pending>,
+    /// Live objects created minus destroyed by this operation.
+    objects_delta: i64,
 }
 
 impl<'a> Tx<'a> {
@@ -31,10 +33,12 @@ impl<'a> Tx<'a> {
             pinned_nodes,
             pinned_extents,
             writes: BTreeMap::new(),
+            objects_delta: 0,
         }
     }
 
     pub(super) fn finish(self) {
+        self.state.live_objects = self.state.live_objects.saturating_add_signed(self.objects_delta);
         for (lk, pending) in self.writes {
             self.state.active.insert(lk, pending);
         }
@@ -130,17 +134,23 @@ impl<'a> Tx<'a> {
         value: Option<Arc<Vec<u8>>>,
         nohistory: bool,
     ) -> Step<()> {
-        let replaces = match self.pending(&lk) {
-            Some((pending, None)) => pending.replaces,
+        let (replaces, existed) = match self.pending(&lk) {
+            Some((pending, None)) => (pending.replaces, pending.value.is_some()),
             Some((pending, Some(frozen))) => {
                 if pending.value.is_some() {
-                    frozen.tid
+                    (frozen.tid, true)
                 } else {
-                    0
+                    (0, false)
                 }
             }
-            None => self.tree_live(lk)?.map_or(0, |(create_tid, _)| create_tid),
+            None => match self.tree_live(lk)? {
+                Some((create_tid, _)) => (create_tid, true),
+                None => (0, false),
+            },
         };
+        if lk.rtype == crate::format::record::rtype::INODE {
+            self.objects_delta += value.is_some() as i64 - existed as i64;
+        }
         if value.is_none() && replaces == 0 {
             // Deleting something that never reached the tree: forget it entirely, unless the
             // active group holds it (then record the deletion over it).
