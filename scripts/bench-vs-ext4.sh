@@ -11,7 +11,7 @@
 # Needs root (loop devices, mount, drop_caches).
 #
 # Environment: BENCH_SIZE (image size, default 8G), BENCH_PREALLOCATE=0 (sparse images
-# instead of preallocated ones), BENCH_ONLY=ext4|anvil
+# instead of fully written ones), BENCH_ONLY=ext4|anvil
 # (run one side only), ANVIL_BENCH_BIN (default: builds target/release/anvil-bench),
 # plus the ANVIL_* knobs of scripts/lib/mount.sh. Reports go to
 # target/mount-tests/bench/{ext4,anvil}.json.
@@ -69,12 +69,13 @@ bench() {
     echo
 }
 
-# Both images are preallocated by default, as a block device would be: on a sparse image
-# every first write to a region makes the host allocate blocks, which penalises whichever
-# file system writes to new places (anvil with history on never overwrites in place).
+# Both images are written in full first by default, as a block device would be: on a
+# sparse or fallocated image every first write to a region makes the host allocate or
+# convert blocks, which penalises whichever file system writes to new places (anvil with
+# history on never overwrites in place).
 make_image() {
     if [[ "${BENCH_PREALLOCATE:-1}" == 1 ]]; then
-        fallocate -l "$SIZE" "$1"
+        head -c "$SIZE" /dev/zero > "$1"
     else
         truncate -s "$SIZE" "$1"
     fi

@@ -248,7 +248,11 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
         mib(num("free_bytes")),
         mib(num("reserve_bytes"))
     );
-    println!("objects:        {} ({} ids used)", num("objects"), num("objects_allocated"));
+    println!(
+        "objects:        {} ({} ids used)",
+        num("objects"),
+        num("objects_allocated")
+    );
     println!("current TID:    {:#018x}", num("committed_tid"));
     let secs = num("commit_time_ns") / 1_000_000_000;
     println!("last commit:    {} (unix seconds)", secs);

@@ -107,5 +107,9 @@ fn info_counts_live_objects_through_deletes_reopen_and_replay() {
     assert_eq!(fs.info().objects, 11);
     fs.close().unwrap();
     let reopened = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
-    assert_eq!(reopened.info().objects, 11, "replayed on the original device too");
+    assert_eq!(
+        reopened.info().objects,
+        11,
+        "replayed on the original device too"
+    );
 }

@@ -161,6 +161,12 @@ impl Mount {
         self.mount();
     }
 
+    /// Mounts again after the daemon went away on its own (a signal, a kill).
+    pub fn mount_again(&mut self) {
+        self.mounted = false;
+        self.mount();
+    }
+
     /// Unmounts, waits for the daemon to commit and exit, then asserts that
     /// `anvil check` finds the volume clean.
     pub fn unmount(mut self) {

@@ -38,7 +38,10 @@ impl<'a> Tx<'a> {
     }
 
     pub(super) fn finish(self) {
-        self.state.live_objects = self.state.live_objects.saturating_add_signed(self.objects_delta);
+        self.state.live_objects = self
+            .state
+            .live_objects
+            .saturating_add_signed(self.objects_delta);
         for (lk, pending) in self.writes {
             self.state.active.insert(lk, pending);
         }

@@ -1,0 +1,97 @@
+//! The daemon's life: a second mount of the same image is refused, SIGTERM commits and
+//! unmounts cleanly, and what was written is there after the next mount; `info` and
+//! `synctid` answer on the mount point.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const ANVIL: &str = env!("CARGO_BIN_EXE_anvil");
+
+fn daemon_pid(image: &std::path::Path) -> Option<i32> {
+    let needle = image.to_str()?.to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "mount") && args.iter().any(|a| a == &needle) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn second_mount_refused_and_sigterm_commits() {
+    if !common::fuse_or_skip("second_mount_refused_and_sigterm_commits") {
+        return;
+    }
+    let mut mount = common::Mount::new();
+    std::fs::write(mount.path().join("kept"), b"written before SIGTERM").unwrap();
+
+    let other = tempfile::tempdir().unwrap();
+    let out = Command::new(ANVIL)
+        .args([
+            "mount",
+            mount.image().to_str().unwrap(),
+            other.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a second mount of the same image must be refused"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("already mounted or in use"), "{stderr}");
+
+    let tid = Command::new(ANVIL)
+        .args(["synctid", mount.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(tid.status.success());
+    assert!(String::from_utf8_lossy(&tid.stdout)
+        .trim()
+        .starts_with("0x"));
+    let info = Command::new(ANVIL)
+        .args(["info", mount.path().to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(info.contains("\"objects\":2"), "{info}");
+
+    std::fs::write(mount.path().join("late"), b"written just before SIGTERM").unwrap();
+    let pid = daemon_pid(mount.image()).expect("daemon process");
+    // SAFETY: sending a signal to the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let started = Instant::now();
+    while common::is_mount_point(mount.path()) || daemon_pid(mount.image()).is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "daemon did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        mount.check().status.success(),
+        "volume not clean after SIGTERM"
+    );
+    mount.mount_again();
+    assert_eq!(
+        std::fs::read(mount.path().join("late")).unwrap(),
+        b"written just before SIGTERM"
+    );
+    assert_eq!(
+        std::fs::read(mount.path().join("kept")).unwrap(),
+        b"written before SIGTERM"
+    );
+    mount.unmount();
+}
