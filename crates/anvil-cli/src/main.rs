@@ -1,5 +1,6 @@
 //! `anvil`: make, mount, inspect and verify anvil volumes.
 
+mod history;
 mod mount;
 
 use anvil::device::{Device, FileDevice};
@@ -69,6 +70,40 @@ enum Command {
         /// The directory the volume is mounted on.
         dir: PathBuf,
     },
+    /// Take a snapshot of a mounted volume: commit now and keep that TID until removed.
+    Snapshot {
+        dir: PathBuf,
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+    /// List the snapshots of a mounted volume.
+    Snapls {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a snapshot (by TID or label); its history becomes prunable.
+    Snaprm { dir: PathBuf, snapshot: String },
+    /// List every committed version of a file or directory on a mounted volume.
+    History {
+        path: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recover an earlier version of a file (also one deleted since), or diff it.
+    Undo {
+        path: PathBuf,
+        /// Version to recover: a TID, a time (YYYY-MM-DDTHH:MM[:SS], UTC) or a snapshot
+        /// label. Default: the newest version that differs from the current one.
+        #[arg(short = 't', long = "tid")]
+        tid: Option<String>,
+        /// Where to write it ("-" for standard output). Default: PATH.undo-<TID>.
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+        /// Show a unified diff from that version to the current file instead.
+        #[arg(long)]
+        diff: bool,
+    },
     /// Print a file of an unmounted volume, now or as of an earlier TID.
     Cat {
         image: PathBuf,
@@ -114,6 +149,16 @@ fn main() -> ExitCode {
             println!("{tid:#018x}");
             0
         }),
+        Command::Snapshot { dir, label } => history::snapshot(&dir, &label),
+        Command::Snapls { dir, json } => history::snapls(&dir, json),
+        Command::Snaprm { dir, snapshot } => history::snaprm(&dir, &snapshot),
+        Command::History { path, json } => history::history(&path, json),
+        Command::Undo {
+            path,
+            tid,
+            output,
+            diff,
+        } => history::undo(&path, tid.as_deref(), output.as_deref(), diff),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
         Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),
     };

@@ -311,3 +311,45 @@ pub fn query_info(dir: &Path) -> Result<String, String> {
     buf.truncate(n as usize);
     String::from_utf8(buf).map_err(|_| "daemon returned invalid info".to_string())
 }
+
+/// Reads a control attribute of an anvil mount (up to 64 KiB).
+pub fn get_xattr(path: &Path, name: &str) -> Result<String, String> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
+    let c_name = CString::new(name).map_err(|_| "bad attribute name")?;
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: valid strings and a buffer of the stated length.
+    let n = unsafe {
+        libc::getxattr(
+            c_path.as_ptr(),
+            c_name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("{}: {e}; is it on an anvil mount?", path.display()));
+    }
+    buf.truncate(n as usize);
+    String::from_utf8(buf).map_err(|_| "daemon returned invalid text".to_string())
+}
+
+/// Writes a control attribute of an anvil mount.
+pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<(), String> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
+    let c_name = CString::new(name).map_err(|_| "bad attribute name")?;
+    // SAFETY: valid strings and a value buffer of the stated length.
+    let rc = unsafe {
+        libc::setxattr(
+            c_path.as_ptr(),
+            c_name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    Ok(())
+}

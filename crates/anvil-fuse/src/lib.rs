@@ -4,6 +4,8 @@
 //! parallel dirops): every change goes through this mount, so the kernel's caches stay
 //! coherent without invalidation. Permission checks are the kernel's (`default_permissions`).
 
+mod views;
+
 use anvil::fs::{Caller, RenameFlags as AnvilRename, SetAttr, TimeSet};
 use anvil::{Attr, Error, FileKind, Filesystem};
 use fuser::{
@@ -18,6 +20,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use views::{is_view, Target, Views};
 
 pub use fuser;
 
@@ -25,6 +28,44 @@ pub use fuser;
 pub const INFO_XATTR: &str = "trusted.anvil.info";
 /// Writing any value to this attribute on the root commits now (like `sync`).
 pub const SYNC_XATTR: &str = "trusted.anvil.sync";
+/// Writing a label (possibly empty) to this attribute on the root takes a snapshot.
+pub const SNAPSHOT_XATTR: &str = "trusted.anvil.snapshot";
+/// Writing a TID or label to this attribute on the root removes that snapshot.
+pub const SNAPRM_XATTR: &str = "trusted.anvil.snaprm";
+/// Reading this attribute on the root lists the snapshots (JSON).
+pub const SNAPSHOTS_XATTR: &str = "trusted.anvil.snapshots";
+/// Reading this attribute on any object lists its versions (JSON, newest last).
+pub const HISTORY_XATTR: &str = "trusted.anvil.history";
+/// Versions listed through HISTORY_XATTR at most (an xattr value is at most 64 KiB).
+const HISTORY_VERSIONS_MAX: usize = 600;
+
+fn snapshots_json(list: &[anvil::fs::SnapshotInfo]) -> String {
+    let items: Vec<String> = list
+        .iter()
+        .map(|s| {
+            let label = s.label.replace('\\', "\\\\").replace('"', "\\\"");
+            format!(
+                "{{\"tid\":{},\"label\":\"{label}\",\"time_ns\":{}}}",
+                s.tid, s.time_ns
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+fn history_json(versions: &[anvil::fs::Version]) -> String {
+    let skip = versions.len().saturating_sub(HISTORY_VERSIONS_MAX);
+    let items: Vec<String> = versions[skip..]
+        .iter()
+        .map(|v| {
+            format!(
+                "{{\"tid\":{},\"time_ns\":{},\"size\":{},\"exists\":{}}}",
+                v.tid, v.time_ns, v.size, v.exists
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
 
 pub struct AnvilFuse {
     fs: Arc<Filesystem>,
@@ -34,6 +75,7 @@ pub struct AnvilFuse {
     /// unlinked while known to the kernel lives (as an orphan) until its count drops to 0.
     /// This replaces OPEN/RELEASE tracking, which the kernel skips (FUSE_NO_OPEN_SUPPORT).
     lookups: Mutex<HashMap<u64, u64>>,
+    views: Views,
 }
 
 impl AnvilFuse {
@@ -45,6 +87,7 @@ impl AnvilFuse {
             ttl,
             writeback,
             lookups: Mutex::new(HashMap::new()),
+            views: Views::default(),
         }
     }
 
@@ -56,7 +99,7 @@ impl AnvilFuse {
             *count += 1;
             *count == 1
         };
-        if first {
+        if first && !is_view(ino) {
             // Pins the object: unlink keeps it as an orphan while the kernel knows it.
             let _ = self.fs.open_handle(ino);
         }
@@ -182,7 +225,7 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name.as_bytes()) {
+        match self.lookup_any(parent.0, name.as_bytes()) {
             Ok(attr) => {
                 self.remember(attr.ino);
                 reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
@@ -206,7 +249,9 @@ impl fuser::Filesystem for AnvilFuse {
                 None => false,
             }
         };
-        if last {
+        if last && is_view(ino.0) {
+            self.views.forget(ino.0);
+        } else if last {
             if let Err(e) = self.fs.release_handle(ino.0) {
                 log::error!("releasing object {}: {e}", ino.0);
             }
@@ -214,7 +259,7 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        match self.target(ino.0).and_then(|t| self.attr_of(t)) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -238,6 +283,9 @@ impl fuser::Filesystem for AnvilFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        if is_view(ino.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         let changes = SetAttr {
             mode,
             uid,
@@ -254,7 +302,12 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        let target = self.target(ino.0).and_then(|t| match t {
+            Target::AsOf { obj, tid } => self.fs.at(tid)?.readlink(obj),
+            Target::Live(ino) => self.fs.readlink(ino),
+            Target::SnapDir => Err(Error::Posix(libc::EINVAL)),
+        });
+        match target {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(errno(&e)),
         }
@@ -270,6 +323,9 @@ impl fuser::Filesystem for AnvilFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        if is_view(parent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
         match self
             .fs
@@ -292,6 +348,9 @@ impl fuser::Filesystem for AnvilFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        if is_view(parent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         match self.fs.mkdir(
             caller(req),
             parent.0,
@@ -307,6 +366,9 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_view(parent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         match self.fs.unlink(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -314,6 +376,9 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_view(parent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         match self.fs.rmdir(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -328,6 +393,9 @@ impl fuser::Filesystem for AnvilFuse {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        if is_view(parent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         let target = target.as_os_str().as_bytes();
         match self
             .fs
@@ -351,6 +419,9 @@ impl fuser::Filesystem for AnvilFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        if is_view(parent.0) || is_view(newparent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::from_i32(libc::EINVAL));
         }
@@ -378,6 +449,9 @@ impl fuser::Filesystem for AnvilFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        if is_view(ino.0) || is_view(newparent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         match self.fs.link(ino.0, newparent.0, newname.as_bytes()) {
             Ok(attr) => {
                 self.remember(attr.ino);
@@ -404,7 +478,12 @@ impl fuser::Filesystem for AnvilFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, offset, size) {
+        let data = self.target(ino.0).and_then(|t| match t {
+            Target::AsOf { obj, tid } => self.fs.at(tid)?.read(obj, offset, size),
+            Target::Live(ino) => self.fs.read(ino, offset, size),
+            Target::SnapDir => Err(Error::Posix(libc::EISDIR)),
+        });
+        match data {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(&e)),
         }
@@ -422,6 +501,9 @@ impl fuser::Filesystem for AnvilFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if is_view(ino.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         match self.fs.write(ino.0, offset, data) {
             Ok(written) => reply.written(written as u32),
             Err(e) => reply.error(errno(&e)),
@@ -448,6 +530,9 @@ impl fuser::Filesystem for AnvilFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if is_view(ino.0) {
+            return reply.ok();
+        }
         match self.fs.fsync(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -468,7 +553,10 @@ impl fuser::Filesystem for AnvilFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        match self.fs.readdir(ino.0, offset, 256) {
+        match self
+            .target(ino.0)
+            .and_then(|t| self.readdir_view(t, offset, 256))
+        {
             Ok(entries) => {
                 for entry in entries {
                     let name = OsStr::from_bytes(&entry.name);
@@ -495,12 +583,15 @@ impl fuser::Filesystem for AnvilFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.fs.readdir(ino.0, offset, 128) {
+        let entries = match self
+            .target(ino.0)
+            .and_then(|t| self.readdir_view(t, offset, 128))
+        {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
         };
         for entry in entries {
-            let attr = match self.fs.getattr(entry.ino) {
+            let attr = match self.target(entry.ino).and_then(|t| self.attr_of(t)) {
                 Ok(attr) => attr,
                 // "." and ".." or a racing unlink: list the name without attributes.
                 Err(_) => continue,
@@ -567,7 +658,24 @@ impl fuser::Filesystem for AnvilFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        if is_view(ino.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         if name.as_bytes().starts_with(b"trusted.anvil.") {
+            if ino.0 == 1 && name == SNAPSHOT_XATTR {
+                let label = String::from_utf8_lossy(value).into_owned();
+                return match self.fs.snapshot(&label) {
+                    Ok(_) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
+            if ino.0 == 1 && name == SNAPRM_XATTR {
+                let spec = String::from_utf8_lossy(value).into_owned();
+                return match self.fs.remove_snapshot(&spec) {
+                    Ok(_) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
             if ino.0 == 1 && name == SYNC_XATTR {
                 return match self.fs.sync() {
                     Ok(_) => reply.ok(),
@@ -592,14 +700,36 @@ impl fuser::Filesystem for AnvilFuse {
             let json = self.fs.info().to_json();
             return reply_xattr(reply, size, json.as_bytes());
         }
-        match self.fs.getxattr(ino.0, name.as_bytes()) {
+        if ino.0 == 1 && name == SNAPSHOTS_XATTR {
+            return match self.fs.snapshots() {
+                Ok(list) => reply_xattr(reply, size, snapshots_json(&list).as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        if name == HISTORY_XATTR && !is_view(ino.0) {
+            return match self.fs.history(ino.0) {
+                Ok(versions) => reply_xattr(reply, size, history_json(&versions).as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        let value = self.target(ino.0).and_then(|t| match t {
+            Target::AsOf { obj, tid } => self.fs.at(tid)?.getxattr(obj, name.as_bytes()),
+            Target::Live(ino) => self.fs.getxattr(ino, name.as_bytes()),
+            Target::SnapDir => Err(Error::Posix(libc::ENODATA)),
+        });
+        match value {
             Ok(value) => reply_xattr(reply, size, &value),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0) {
+        let names = self.target(ino.0).and_then(|t| match t {
+            Target::AsOf { obj, tid } => self.fs.at(tid)?.listxattr(obj),
+            Target::Live(ino) => self.fs.listxattr(ino),
+            Target::SnapDir => Ok(Vec::new()),
+        });
+        match names {
             Ok(names) => {
                 let mut data = Vec::new();
                 for name in names {
@@ -613,6 +743,9 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_view(ino.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         match self.fs.removexattr(ino.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -620,7 +753,7 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        match self.fs.getattr(ino.0) {
+        match self.target(ino.0).and_then(|t| self.attr_of(t)) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -636,6 +769,9 @@ impl fuser::Filesystem for AnvilFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        if is_view(parent.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
         match self
             .fs
@@ -665,6 +801,9 @@ impl fuser::Filesystem for AnvilFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        if is_view(ino.0) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
         // Plain allocation extends the file; space is not reserved ahead (copy-on-write
         // allocates at commit), so only the size effect is provided.
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {

@@ -5,7 +5,10 @@
 //! other operation and lands whole in one flush group.
 
 mod asof;
+mod history;
 mod types;
+
+pub use history::{parse_tid, parse_time, SNAPSHOT_LABEL_BYTES_MAX};
 
 pub use asof::AsOf;
 pub use types::*;

@@ -201,3 +201,22 @@ impl VolumeInfo {
         )
     }
 }
+
+/// A snapshot: a committed TID kept by prune, with a label and creation time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub tid: u64,
+    pub label: String,
+    pub time_ns: u64,
+}
+
+/// One committed version of an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub tid: u64,
+    /// Commit time, ns since the epoch.
+    pub time_ns: u64,
+    pub size: u64,
+    /// False for the TID that deleted the object.
+    pub exists: bool,
+}
