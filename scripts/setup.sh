@@ -16,7 +16,7 @@ TOOLS="$ROOT/.tools"
 # libacl1-dev to build), peer filesystems for comparisons, load generators.
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config libacl1-dev acl attr
-    e2fsprogs xfsprogs btrfs-progs fio stress-ng
+    e2fsprogs xfsprogs btrfs-progs fio stress-ng rsync
 )
 
 # Test tools from crates.io, pinned: "crate version binary".

@@ -2,7 +2,9 @@
 //! to the daemon through control attributes and read earlier versions through `@@` paths.
 
 use crate::mount::{get_xattr, set_xattr};
-use anvil_fuse::{HISTORY_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR};
+use anvil_fuse::{
+    HISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
+};
 use std::path::{Path, PathBuf};
 
 fn json(text: &str) -> Result<serde_json::Value, String> {
@@ -221,5 +223,28 @@ pub fn undo(
         path.display(),
         target.display()
     );
+    Ok(0)
+}
+
+pub fn prune(dir: &Path, policy: &str) -> Result<u8, String> {
+    set_xattr(dir, PRUNE_XATTR, policy.as_bytes())
+        .map_err(|e| format!("prune of {}: {e} (policy {policy:?})", dir.display()))?;
+    let report = json(&get_xattr(dir, PRUNE_XATTR)?)?;
+    let freed = report["extent_bytes_freed"].as_u64().unwrap_or(0);
+    println!(
+        "pruned {} history records, freed {:.1} MiB of data ({} points in time kept)",
+        report["elements_removed"].as_u64().unwrap_or(0),
+        freed as f64 / (1 << 20) as f64,
+        report["kept_points"].as_u64().unwrap_or(0)
+    );
+    Ok(0)
+}
+
+pub fn policy(dir: &Path, policy: Option<&str>) -> Result<u8, String> {
+    if let Some(policy) = policy {
+        set_xattr(dir, POLICY_XATTR, policy.as_bytes())
+            .map_err(|e| format!("invalid policy {policy:?} ({e})"))?;
+    }
+    println!("{}", get_xattr(dir, POLICY_XATTR)?);
     Ok(0)
 }

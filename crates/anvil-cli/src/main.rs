@@ -104,6 +104,21 @@ enum Command {
         #[arg(long)]
         diff: bool,
     },
+    /// Remove the history the retention policy no longer keeps (snapshots always stay).
+    Prune {
+        dir: PathBuf,
+        /// Use this policy instead of the stored one, e.g. all=1d,daily=30d,weekly=8w.
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// Remove all history except snapshots.
+    PruneEverything { dir: PathBuf },
+    /// Show or set the retention policy stored in the volume.
+    Policy {
+        dir: PathBuf,
+        /// New policy, e.g. all=1d,daily=30d,weekly=8w,monthly=12m.
+        policy: Option<String>,
+    },
     /// Print a file of an unmounted volume, now or as of an earlier TID.
     Cat {
         image: PathBuf,
@@ -159,6 +174,9 @@ fn main() -> ExitCode {
             output,
             diff,
         } => history::undo(&path, tid.as_deref(), output.as_deref(), diff),
+        Command::Prune { dir, policy } => history::prune(&dir, policy.as_deref().unwrap_or("")),
+        Command::PruneEverything { dir } => history::prune(&dir, "everything"),
+        Command::Policy { dir, policy } => history::policy(&dir, policy.as_deref()),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
         Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),
     };
@@ -269,16 +287,30 @@ fn describe(image: &Path, e: &Error) -> String {
 }
 
 fn info(target: &Path, json: bool) -> Result<u8, String> {
-    let info_json = if target.is_dir() {
-        mount::query_info(target)?
+    let (info_json, split) = if target.is_dir() {
+        let split = mount::get_xattr(target, anvil_fuse::SPACE_XATTR)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        (mount::query_info(target)?, split)
     } else {
-        open_for_inspection(target)?.info().to_json()
+        let fs = open_for_inspection(target)?;
+        let split = fs.space_split().ok().map(|s| {
+            serde_json::json!({"live_bytes": s.live_bytes, "history_bytes": s.history_bytes,
+                "tree_bytes": s.tree_bytes})
+        });
+        (fs.info().to_json(), split)
     };
+    let mut value: serde_json::Value =
+        serde_json::from_str(&info_json).map_err(|e| e.to_string())?;
+    if let (Some(split), Some(object)) = (&split, value.as_object_mut()) {
+        for key in ["live_bytes", "history_bytes", "tree_bytes"] {
+            object.insert(key.to_string(), split[key].clone());
+        }
+    }
     if json {
-        println!("{info_json}");
+        println!("{value}");
         return Ok(0);
     }
-    let value: serde_json::Value = serde_json::from_str(&info_json).map_err(|e| e.to_string())?;
     let num = |k: &str| value[k].as_u64().unwrap_or(0);
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
     println!("label:          {}", value["label"].as_str().unwrap_or(""));
@@ -288,6 +320,14 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
     );
     println!("size:           {}", mib(num("volume_bytes")));
     println!("used:           {}", mib(num("used_bytes")));
+    if split.is_some() {
+        println!("  live data:    {}", mib(num("live_bytes")));
+        println!(
+            "  history:      {} (freed by `anvil prune`)",
+            mib(num("history_bytes"))
+        );
+        println!("  tree:         {}", mib(num("tree_bytes")));
+    }
     println!(
         "free:           {} (of which {} reserved)",
         mib(num("free_bytes")),

@@ -34,6 +34,14 @@ pub const SNAPSHOT_XATTR: &str = "trusted.anvil.snapshot";
 pub const SNAPRM_XATTR: &str = "trusted.anvil.snaprm";
 /// Reading this attribute on the root lists the snapshots (JSON).
 pub const SNAPSHOTS_XATTR: &str = "trusted.anvil.snapshots";
+/// Writing a policy (or "" for the stored one, or "everything") to this attribute on the
+/// root prunes history; reading it returns the report of the last prune (JSON).
+pub const PRUNE_XATTR: &str = "trusted.anvil.prune";
+/// Reading or writing this attribute on the root gets or sets the retention policy.
+pub const POLICY_XATTR: &str = "trusted.anvil.policy";
+/// Reading this attribute on the root splits used space into live, history and tree (JSON;
+/// scans the whole tree).
+pub const SPACE_XATTR: &str = "trusted.anvil.space";
 /// Reading this attribute on any object lists its versions (JSON, newest last).
 pub const HISTORY_XATTR: &str = "trusted.anvil.history";
 /// Versions listed through HISTORY_XATTR at most (an xattr value is at most 64 KiB).
@@ -76,6 +84,7 @@ pub struct AnvilFuse {
     /// This replaces OPEN/RELEASE tracking, which the kernel skips (FUSE_NO_OPEN_SUPPORT).
     lookups: Mutex<HashMap<u64, u64>>,
     views: Views,
+    last_prune: Mutex<Option<anvil::fs::PruneReport>>,
 }
 
 impl AnvilFuse {
@@ -88,6 +97,7 @@ impl AnvilFuse {
             writeback,
             lookups: Mutex::new(HashMap::new()),
             views: Views::default(),
+            last_prune: Mutex::new(None),
         }
     }
 
@@ -669,6 +679,31 @@ impl fuser::Filesystem for AnvilFuse {
                     Err(e) => reply.error(errno(&e)),
                 };
             }
+            if ino.0 == 1 && name == PRUNE_XATTR {
+                let text = String::from_utf8_lossy(value).trim().to_string();
+                let result = match text.as_str() {
+                    "everything" => self.fs.prune(None, true),
+                    "" => self.fs.prune(None, false),
+                    policy => anvil::fs::RetentionPolicy::parse(policy)
+                        .and_then(|p| self.fs.prune(Some(p), false)),
+                };
+                return match result {
+                    Ok(report) => {
+                        *self.last_prune.lock() = Some(report);
+                        reply.ok()
+                    }
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
+            if ino.0 == 1 && name == POLICY_XATTR {
+                let text = String::from_utf8_lossy(value).into_owned();
+                let result = anvil::fs::RetentionPolicy::parse(&text)
+                    .and_then(|p| self.fs.set_retention_policy(p));
+                return match result {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
             if ino.0 == 1 && name == SNAPRM_XATTR {
                 let spec = String::from_utf8_lossy(value).into_owned();
                 return match self.fs.remove_snapshot(&spec) {
@@ -703,6 +738,34 @@ impl fuser::Filesystem for AnvilFuse {
         if ino.0 == 1 && name == SNAPSHOTS_XATTR {
             return match self.fs.snapshots() {
                 Ok(list) => reply_xattr(reply, size, snapshots_json(&list).as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        if ino.0 == 1 && name == PRUNE_XATTR {
+            let text = match &*self.last_prune.lock() {
+                Some(r) => format!(
+                    "{{\"elements_removed\":{},\"extent_bytes_freed\":{},\"kept_points\":{}}}",
+                    r.elements_removed, r.extent_bytes_freed, r.kept_points
+                ),
+                None => "{}".to_string(),
+            };
+            return reply_xattr(reply, size, text.as_bytes());
+        }
+        if ino.0 == 1 && name == POLICY_XATTR {
+            return match self.fs.retention_policy() {
+                Ok(policy) => reply_xattr(reply, size, policy.to_string().as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        if ino.0 == 1 && name == SPACE_XATTR {
+            return match self.fs.space_split() {
+                Ok(split) => {
+                    let text = format!(
+                        "{{\"live_bytes\":{},\"history_bytes\":{},\"tree_bytes\":{}}}",
+                        split.live_bytes, split.history_bytes, split.tree_bytes
+                    );
+                    reply_xattr(reply, size, text.as_bytes())
+                }
                 Err(e) => reply.error(errno(&e)),
             };
         }

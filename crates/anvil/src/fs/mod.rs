@@ -6,7 +6,10 @@
 
 mod asof;
 mod history;
+mod prune;
 mod types;
+
+pub use prune::{PruneReport, RetentionPolicy, SpaceSplit};
 
 pub use history::{parse_tid, parse_time, SNAPSHOT_LABEL_BYTES_MAX};
 
@@ -39,6 +42,8 @@ pub struct Filesystem {
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Open handles per object: unlinked objects live until the last one closes.
     open_handles: Mutex<HashMap<u64, u32>>,
+    /// One prune at a time (its removals must be committed before the next scan).
+    prune_lock: Mutex<()>,
 }
 
 fn fail<T>(errno: i32) -> Step<T> {
@@ -298,6 +303,7 @@ impl Filesystem {
             volume,
             committer: Mutex::new(None),
             open_handles: Mutex::new(HashMap::new()),
+            prune_lock: Mutex::new(()),
         };
         if !fs.volume.is_read_only() {
             fs.reap_orphans()?;

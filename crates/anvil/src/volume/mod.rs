@@ -734,6 +734,9 @@ impl Volume {
                 payload,
             }));
         }
+        for key in &frozen.prune {
+            mutations.push(Mutation::Remove(*key));
+        }
         let commit_time = now_ns();
         mutations.push(Mutation::Insert(Element {
             key: Key {
@@ -878,6 +881,16 @@ impl Volume {
         }
         cursor.seq += 1;
         cursor.used_bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Schedules exact elements for removal in the next commit (prune). The caller must
+    /// commit before scheduling again, so an element is never removed twice.
+    pub fn schedule_removals(&self, keys: impl IntoIterator<Item = Key>) -> Result<()> {
+        if self.is_read_only() {
+            return Err(Error::ReadOnly);
+        }
+        self.state.lock().active.prune.extend(keys);
         Ok(())
     }
 

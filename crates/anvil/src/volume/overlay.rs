@@ -1,6 +1,6 @@
 //! Pending changes of one flush group, kept in memory until commit.
 
-use crate::format::record::{ExtentRef, LogicalKey};
+use crate::format::record::{ExtentRef, Key, LogicalKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
@@ -32,6 +32,8 @@ pub struct Overlay {
     pub log_dirty: BTreeSet<LogicalKey>,
     /// Bytes of pending values (memory held, and an upper bound of space needed).
     pub pending_bytes: u64,
+    /// Exact elements (history, or expired volume records) that prune removes at commit.
+    pub prune: BTreeSet<Key>,
 }
 
 impl Overlay {
@@ -43,7 +45,7 @@ impl Overlay {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.is_empty() && self.prune.is_empty()
     }
 
     pub fn insert(&mut self, lk: LogicalKey, pending: Pending) {

@@ -1,0 +1,303 @@
+//! Prune: remove history the retention policy no longer keeps.
+//!
+//! A history element (created at c, deleted at d) is kept iff some kept point t has
+//! c <= t < d. Kept points: every snapshot, every commit inside the "all history" window,
+//! the last commit of each day / week / 30-day month inside those windows, and the newest
+//! commit. Commit-time records are kept for kept points and for every TID a surviving
+//! element still names. Removal goes through a commit, so freed space returns to the
+//! allocator only once that commit is durable.
+
+use super::Filesystem;
+use crate::btree::Stop;
+use crate::error::{Error, Result};
+use crate::format::record::{rtype, Key, LogicalKey, Payload, Timestamp, VOLUME_OBJ};
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+const DAY_NS: u64 = 86_400 * 1_000_000_000;
+/// The policy lives in CONFIG record key 1 of the volume object.
+const POLICY_KEY: u64 = 1;
+/// Elements removed per commit, to bound memory.
+const REMOVALS_PER_COMMIT: usize = 200_000;
+
+/// How much history prune keeps (besides snapshots, which stay until removed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Keep every commit of the last `all_days` days.
+    pub all_days: u32,
+    /// Keep the last commit of each day for this many days.
+    pub daily_days: u32,
+    /// Keep the last commit of each week for this many weeks.
+    pub weekly_weeks: u32,
+    /// Keep the last commit of each 30-day month for this many months.
+    pub monthly_months: u32,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> RetentionPolicy {
+        RetentionPolicy {
+            all_days: 1,
+            daily_days: 30,
+            weekly_weeks: 0,
+            monthly_months: 0,
+        }
+    }
+}
+
+impl RetentionPolicy {
+    /// Keeps nothing but snapshots and the current state.
+    pub const NONE: RetentionPolicy = RetentionPolicy {
+        all_days: 0,
+        daily_days: 0,
+        weekly_weeks: 0,
+        monthly_months: 0,
+    };
+
+    /// Parses `all=1d,daily=30d,weekly=8w,monthly=12m` (any subset; units optional).
+    pub fn parse(text: &str) -> Result<RetentionPolicy> {
+        let mut policy = RetentionPolicy::NONE;
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, value) = part
+                .split_once('=')
+                .ok_or_else(|| Error::Invalid(format!("policy item {part:?} is not name=value")))?;
+            let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            let number: u32 = digits
+                .parse()
+                .map_err(|_| Error::Invalid(format!("policy item {part:?}: not a number")))?;
+            match name {
+                "all" => policy.all_days = number,
+                "daily" => policy.daily_days = number,
+                "weekly" => policy.weekly_weeks = number,
+                "monthly" => policy.monthly_months = number,
+                _ => return Err(Error::Invalid(format!("unknown policy item {name:?}"))),
+            }
+        }
+        Ok(policy)
+    }
+}
+
+impl std::fmt::Display for RetentionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "all={}d,daily={}d,weekly={}w,monthly={}m",
+            self.all_days, self.daily_days, self.weekly_weeks, self.monthly_months
+        )
+    }
+}
+
+/// What a prune did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub elements_removed: u64,
+    pub extent_bytes_freed: u64,
+    pub kept_points: u64,
+}
+
+/// Space split for `anvil info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpaceSplit {
+    /// Extents and inline data of the current state.
+    pub live_bytes: u64,
+    /// Extents and inline data only history reaches.
+    pub history_bytes: u64,
+    /// Tree nodes.
+    pub tree_bytes: u64,
+}
+
+fn policy_key() -> LogicalKey {
+    LogicalKey {
+        obj: VOLUME_OBJ,
+        rtype: rtype::CONFIG,
+        key: POLICY_KEY,
+    }
+}
+
+fn element_bytes(payload: &Payload) -> u64 {
+    match payload {
+        Payload::Inline(bytes) => bytes.len() as u64,
+        Payload::Extent(extent) => extent.allocated_bytes(),
+    }
+}
+
+impl Filesystem {
+    pub fn retention_policy(&self) -> Result<RetentionPolicy> {
+        let stored = self.volume.run(false, |tx| tx.get_bytes(policy_key()))?;
+        match stored {
+            Some(bytes) => RetentionPolicy::parse(&String::from_utf8_lossy(&bytes)),
+            None => Ok(RetentionPolicy::default()),
+        }
+    }
+
+    pub fn set_retention_policy(&self, policy: RetentionPolicy) -> Result<()> {
+        let text = Arc::new(policy.to_string().into_bytes());
+        self.volume
+            .run(true, |tx| tx.put(policy_key(), Some(text.clone())))?;
+        self.sync().map(|_| ())
+    }
+
+    /// TIDs the policy keeps as of now.
+    fn kept_points(&self, policy: RetentionPolicy) -> Result<BTreeSet<u64>> {
+        let now = Timestamp::now().as_ns();
+        let commits = self.commits()?;
+        let mut kept: BTreeSet<u64> = self.snapshots()?.into_iter().map(|s| s.tid).collect();
+        kept.insert(self.volume.committed_tid());
+        let all_since = now.saturating_sub(policy.all_days as u64 * DAY_NS);
+        let windows = [
+            (policy.daily_days as u64, DAY_NS),
+            (policy.weekly_weeks as u64 * 7, 7 * DAY_NS),
+            (policy.monthly_months as u64 * 30, 30 * DAY_NS),
+        ];
+        for (tid, time) in &commits {
+            if policy.all_days > 0 && *time >= all_since {
+                kept.insert(*tid);
+            }
+        }
+        for (days, bucket_ns) in windows {
+            if days == 0 {
+                continue;
+            }
+            let since = now.saturating_sub(days * DAY_NS);
+            // The last commit of each bucket (day, week, month) in the window.
+            let mut last_of_bucket: std::collections::BTreeMap<u64, u64> = Default::default();
+            for (tid, time) in commits.iter().filter(|(_, t)| *t >= since) {
+                let bucket = time / bucket_ns;
+                let entry = last_of_bucket.entry(bucket).or_insert(*tid);
+                *entry = (*entry).max(*tid);
+            }
+            kept.extend(last_of_bucket.into_values());
+        }
+        Ok(kept)
+    }
+
+    /// Removes the history `policy` does not keep (the stored policy when None). With
+    /// `everything`, keeps only snapshots and the current state.
+    pub fn prune(&self, policy: Option<RetentionPolicy>, everything: bool) -> Result<PruneReport> {
+        let _one_at_a_time = self.prune_lock.lock();
+        let policy = if everything {
+            RetentionPolicy::NONE
+        } else {
+            match policy {
+                Some(p) => p,
+                None => self.retention_policy()?,
+            }
+        };
+        self.sync()?;
+        let kept = self.kept_points(policy)?;
+        let mut report = PruneReport {
+            kept_points: kept.len() as u64,
+            ..PruneReport::default()
+        };
+        let is_kept = |create_tid: u64, delete_tid: u64| {
+            kept.range(create_tid..)
+                .next()
+                .is_some_and(|&t| t < delete_tid)
+        };
+        // One pass over the committed tree: history elements no kept point sees go, and
+        // so do commit-time records nobody needs any more.
+        let root = self.volume.root();
+        let loader = self.volume.loader();
+        let mut doomed: Vec<Key> = Vec::new();
+        let mut needed_tids: HashSet<u64> = kept.iter().copied().collect();
+        let mut commit_records: Vec<Key> = Vec::new();
+        let walk = crate::btree::range(
+            &loader,
+            root.root,
+            &Key::MIN,
+            &crate::volume::max_key(),
+            &mut |e| {
+                if e.key.obj == VOLUME_OBJ && e.key.rtype == rtype::COMMIT {
+                    commit_records.push(e.key);
+                    return true;
+                }
+                if e.delete_tid != 0 && !is_kept(e.key.create_tid, e.delete_tid) {
+                    report.elements_removed += 1;
+                    if let Payload::Extent(extent) = &e.payload {
+                        report.extent_bytes_freed += extent.allocated_bytes();
+                    }
+                    doomed.push(e.key);
+                } else {
+                    needed_tids.insert(e.key.create_tid);
+                    if e.delete_tid != 0 {
+                        needed_tids.insert(e.delete_tid);
+                    }
+                }
+                true
+            },
+        );
+        match walk {
+            Ok(_) => {}
+            Err(Stop::Fail(e)) => return Err(e),
+            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
+        }
+        drop(root);
+        doomed.extend(
+            commit_records
+                .into_iter()
+                .filter(|k| !needed_tids.contains(&k.key)),
+        );
+        for batch in doomed.chunks(REMOVALS_PER_COMMIT) {
+            self.volume.schedule_removals(batch.iter().copied())?;
+            self.sync()?;
+        }
+        Ok(report)
+    }
+
+    /// Bytes of live data, history-only data and tree nodes (a full scan of the tree).
+    pub fn space_split(&self) -> Result<SpaceSplit> {
+        let root = self.volume.root();
+        let loader = self.volume.loader();
+        let mut split = SpaceSplit::default();
+        let mut elements = 0u64;
+        let walk = crate::btree::range(
+            &loader,
+            root.root,
+            &Key::MIN,
+            &crate::volume::max_key(),
+            &mut |e| {
+                elements += 1;
+                if e.key.obj == VOLUME_OBJ {
+                    return true; // volume metadata (commit times, snapshots): counted as tree
+                }
+                if e.delete_tid == 0 {
+                    split.live_bytes += element_bytes(&e.payload);
+                } else {
+                    split.history_bytes += element_bytes(&e.payload);
+                }
+                true
+            },
+        );
+        match walk {
+            Ok(_) => {}
+            Err(Stop::Fail(e)) => return Err(e),
+            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
+        }
+        let usage = self.volume.usage();
+        let data = split.live_bytes + split.history_bytes;
+        split.tree_bytes = usage.used_bytes.saturating_sub(data);
+        let _ = elements;
+        Ok(split)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_round_trips() {
+        let policy = RetentionPolicy::parse("all=2d,daily=30d,weekly=8w").unwrap();
+        assert_eq!(
+            policy,
+            RetentionPolicy {
+                all_days: 2,
+                daily_days: 30,
+                weekly_weeks: 8,
+                monthly_months: 0
+            }
+        );
+        assert_eq!(RetentionPolicy::parse(&policy.to_string()).unwrap(), policy);
+        assert!(RetentionPolicy::parse("hourly=3").is_err());
+        assert!(RetentionPolicy::parse("daily").is_err());
+    }
+}
