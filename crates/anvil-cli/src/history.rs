@@ -3,9 +3,12 @@
 
 use crate::mount::{get_xattr, set_xattr};
 use anvil_fuse::{
-    HISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
+    CLEANUP_XATTR, HISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, SNAPRM_XATTR,
+    SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
 };
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn json(text: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(text).map_err(|e| format!("daemon answered invalid JSON: {e}"))
@@ -246,5 +249,151 @@ pub fn policy(dir: &Path, policy: Option<&str>) -> Result<u8, String> {
             .map_err(|e| format!("invalid policy {policy:?} ({e})"))?;
     }
     println!("{}", get_xattr(dir, POLICY_XATTR)?);
+    Ok(0)
+}
+
+pub fn reblock(dir: &Path, seconds: Option<u64>) -> Result<u8, String> {
+    let started = Instant::now();
+    let limit = seconds.map(Duration::from_secs);
+    let bar = indicatif::ProgressBar::new(1);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("reblock {bar:40} {bytes}/{total_bytes} {msg}")
+            .map_err(|e| e.to_string())?,
+    );
+    let (mut moved, mut bytes, mut freed, mut damaged) = (0u64, 0u64, 0i64, 0u64);
+    loop {
+        // One second per request keeps the daemon responsive and the bar moving.
+        let slice = limit.map_or(1.0, |l| {
+            l.saturating_sub(started.elapsed()).as_secs_f64().min(1.0)
+        });
+        set_xattr(dir, REBLOCK_XATTR, format!("{slice:.3}").as_bytes())
+            .map_err(|e| format!("reblock of {}: {e}", dir.display()))?;
+        let report = json(&get_xattr(dir, REBLOCK_XATTR)?)?;
+        let num = |k: &str| report[k].as_u64().unwrap_or(0);
+        moved += num("extents_moved");
+        bytes += num("bytes_moved");
+        freed += report["bytes_freed"].as_i64().unwrap_or(0);
+        damaged += num("damaged");
+        bar.set_length(num("total").max(1));
+        bar.set_position(num("done"));
+        bar.set_message(format!("{moved} extents moved"));
+        let finished = report["finished"].as_bool().unwrap_or(false);
+        if finished || limit.is_some_and(|l| started.elapsed() >= l) {
+            bar.finish_and_clear();
+            println!(
+                "reblock {}: moved {moved} extents ({:.1} MiB), freed {:.1} MiB{}",
+                if finished {
+                    "finished"
+                } else {
+                    "paused (run again to resume)"
+                },
+                bytes as f64 / (1 << 20) as f64,
+                freed as f64 / (1 << 20) as f64,
+                if damaged > 0 {
+                    format!(", {damaged} damaged extents left in place")
+                } else {
+                    String::new()
+                }
+            );
+            return Ok(0);
+        }
+    }
+}
+
+/// "1d", "12h", "30m", "45s" or plain seconds; 0 means never.
+fn parse_period(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid period {text:?}"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => {
+            return Err(format!(
+                "invalid period unit in {text:?} (use s, m, h, d or w)"
+            ))
+        }
+    };
+    Ok(number * scale)
+}
+
+fn parse_config(text: &str) -> BTreeMap<String, String> {
+    text.split([' ', ',', '\n'])
+        .filter_map(|item| item.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+pub fn cleanup(dir: &Path, config: Option<&str>) -> Result<u8, String> {
+    let mut settings: BTreeMap<String, String> = [
+        ("snapshot", "1d"),
+        ("prune", "1d"),
+        ("reblock", "7d"),
+        ("reblock_minutes", "5"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    settings.extend(parse_config(&get_xattr(dir, CLEANUP_XATTR)?));
+    if let Some(changes) = config {
+        for (key, value) in parse_config(changes) {
+            if !matches!(
+                key.as_str(),
+                "snapshot" | "prune" | "reblock" | "reblock_minutes"
+            ) {
+                return Err(format!("unknown cleanup setting {key:?}"));
+            }
+            parse_period(&value)?;
+            settings.insert(key, value);
+        }
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_secs();
+    for action in ["snapshot", "prune", "reblock"] {
+        let period = parse_period(&settings[action])?;
+        let last_key = format!("last_{action}");
+        let last: u64 = settings
+            .get(&last_key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if period == 0 {
+            println!("{action}: disabled");
+            continue;
+        }
+        if now < last + period {
+            println!("{action}: not due for {} s", last + period - now);
+            continue;
+        }
+        match action {
+            "snapshot" => {
+                let label = format!("cleanup-{}", format_time(now * 1_000_000_000));
+                print!("snapshot: ");
+                snapshot(dir, &label)?;
+            }
+            "prune" => {
+                print!("prune: ");
+                prune(dir, "")?;
+            }
+            _ => {
+                let minutes = parse_period(&settings["reblock_minutes"])?;
+                print!("reblock: ");
+                reblock(dir, Some(minutes * 60))?;
+            }
+        }
+        settings.insert(last_key, now.to_string());
+    }
+    let text: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    set_xattr(dir, CLEANUP_XATTR, text.join(" ").as_bytes())
+        .map_err(|e| format!("saving the cleanup schedule: {e}"))?;
     Ok(0)
 }

@@ -51,6 +51,10 @@ enum Command {
         /// Write the daemon's log to this file.
         #[arg(long)]
         log: Option<PathBuf>,
+        /// Mount the volume read-only as of a TID, a time (YYYY-MM-DDTHH:MM[:SS], UTC) or a
+        /// snapshot label.
+        #[arg(long)]
+        as_of: Option<String>,
     },
     /// Show size, usage, object counts, current TID and last commit time.
     Info {
@@ -113,6 +117,21 @@ enum Command {
     },
     /// Remove all history except snapshots.
     PruneEverything { dir: PathBuf },
+    /// Rewrite data and tree in order (defragment); time-boxed and resumable.
+    Reblock {
+        dir: PathBuf,
+        /// Stop after this many seconds; the next run resumes where this one stopped.
+        #[arg(long)]
+        seconds: Option<u64>,
+    },
+    /// Run the snapshot, prune and reblock schedule stored in the volume (from cron).
+    Cleanup {
+        dir: PathBuf,
+        /// Change the schedule, e.g. "snapshot=1d prune=1d reblock=7d reblock_minutes=5"
+        /// (0 disables an action).
+        #[arg(long)]
+        config: Option<String>,
+    },
     /// Show or set the retention policy stored in the volume.
     Policy {
         dir: PathBuf,
@@ -157,7 +176,15 @@ fn main() -> ExitCode {
             options,
             foreground,
             log,
-        } => mount::run(&image, &dir, &options, foreground, log.as_deref()),
+            as_of,
+        } => mount::run(
+            &image,
+            &dir,
+            &options,
+            foreground,
+            log.as_deref(),
+            as_of.as_deref(),
+        ),
         Command::Info { target, json } => info(&target, json),
         Command::Check { image, json } => check(&image, json),
         Command::Synctid { dir } => mount::synctid(&dir).map(|tid| {
@@ -176,6 +203,8 @@ fn main() -> ExitCode {
         } => history::undo(&path, tid.as_deref(), output.as_deref(), diff),
         Command::Prune { dir, policy } => history::prune(&dir, policy.as_deref().unwrap_or("")),
         Command::PruneEverything { dir } => history::prune(&dir, "everything"),
+        Command::Reblock { dir, seconds } => history::reblock(&dir, seconds),
+        Command::Cleanup { dir, config } => history::cleanup(&dir, config.as_deref()),
         Command::Policy { dir, policy } => history::policy(&dir, policy.as_deref()),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
         Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),

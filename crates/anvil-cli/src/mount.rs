@@ -26,6 +26,7 @@ struct Config {
     ttl: Duration,
     threads: usize,
     writeback: bool,
+    as_of: Option<String>,
 }
 
 fn parse_options(options: &[String]) -> Result<Config, String> {
@@ -35,6 +36,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         ttl: Duration::from_secs(10),
         threads,
         writeback: false,
+        as_of: None,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -77,8 +79,13 @@ pub fn run(
     options: &[String],
     foreground: bool,
     log: Option<&Path>,
+    as_of: Option<&str>,
 ) -> Result<u8, String> {
-    let config = parse_options(options)?;
+    let mut config = parse_options(options)?;
+    if let Some(spec) = as_of {
+        config.mount.read_only = true;
+        config.as_of = Some(spec.to_string());
+    }
     if !dir.is_dir() {
         return Err(format!("mount point {} is not a directory", dir.display()));
     }
@@ -209,7 +216,13 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
     };
     fuse_config.n_threads = Some(config.threads);
     fuse_config.clone_fd = true;
-    let adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
+    let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
+    if let Some(spec) = &config.as_of {
+        match fs.resolve_as_of(spec) {
+            Ok(tid) => adapter = adapter.as_of(tid),
+            Err(e) => return startup_error(format!("--as-of {spec}: {e}")),
+        }
+    }
     let mut session = match fuser::Session::new(adapter, dir, &fuse_config) {
         Ok(session) => session,
         Err(e) => {

@@ -1,6 +1,7 @@
 //! As-of views through the mount: `name@@<tid|time|label>` and `.snapshots/<label>` read
 //! earlier versions (deleted files included), refuse writes with EROFS, and `tar` of a
-//! snapshot hashes the same before and after the live tree changes and across a remount.
+//! snapshot hashes the same before and after the live tree changes, prune, reblock and a
+//! remount.
 
 mod common;
 
@@ -83,6 +84,19 @@ fn as_of_paths_and_snapshots() {
         before,
         "snapshot changed with the live tree"
     );
+    anvil(&["prune-everything", &root_text]);
+    assert_eq!(
+        tar_sha256(&snapshot_dir),
+        before,
+        "snapshot changed by prune"
+    );
+    anvil(&["reblock", &root_text]);
+    assert_eq!(
+        tar_sha256(&snapshot_dir),
+        before,
+        "snapshot changed by reblock"
+    );
+    assert_eq!(std::fs::read(root.join("docs/a.txt")).unwrap(), b"second");
     mount.remount();
     assert_eq!(
         tar_sha256(&root.join(".snapshots/day1")),

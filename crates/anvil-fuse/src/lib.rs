@@ -42,6 +42,11 @@ pub const POLICY_XATTR: &str = "trusted.anvil.policy";
 /// Reading this attribute on the root splits used space into live, history and tree (JSON;
 /// scans the whole tree).
 pub const SPACE_XATTR: &str = "trusted.anvil.space";
+/// Writing a number of seconds to this attribute on the root reblocks for that long
+/// (resuming where the last run stopped); reading it returns the last run's progress (JSON).
+pub const REBLOCK_XATTR: &str = "trusted.anvil.reblock";
+/// Reading or writing this attribute on the root gets or sets the `anvil cleanup` schedule.
+pub const CLEANUP_XATTR: &str = "trusted.anvil.cleanup";
 /// Reading this attribute on any object lists its versions (JSON, newest last).
 pub const HISTORY_XATTR: &str = "trusted.anvil.history";
 /// Versions listed through HISTORY_XATTR at most (an xattr value is at most 64 KiB).
@@ -85,11 +90,19 @@ pub struct AnvilFuse {
     lookups: Mutex<HashMap<u64, u64>>,
     views: Views,
     last_prune: Mutex<Option<anvil::fs::PruneReport>>,
+    /// Last reblock run and its progress (done, total bytes).
+    last_reblock: Mutex<Option<(anvil::fs::ReblockReport, u64, u64)>>,
 }
 
 impl AnvilFuse {
     /// `writeback`: let the kernel cache writes (fewer, larger writes reach us; the kernel
     /// then owns mtime and pushes it with SETATTR).
+    /// Serves the volume as of `tid` (read-only) instead of its current state.
+    pub fn as_of(mut self, tid: u64) -> AnvilFuse {
+        self.views = Views::as_of(tid);
+        self
+    }
+
     pub fn new(fs: Arc<Filesystem>, ttl: Duration, writeback: bool) -> AnvilFuse {
         AnvilFuse {
             fs,
@@ -98,6 +111,7 @@ impl AnvilFuse {
             lookups: Mutex::new(HashMap::new()),
             views: Views::default(),
             last_prune: Mutex::new(None),
+            last_reblock: Mutex::new(None),
         }
     }
 
@@ -695,6 +709,29 @@ impl fuser::Filesystem for AnvilFuse {
                     Err(e) => reply.error(errno(&e)),
                 };
             }
+            if ino.0 == 1 && name == REBLOCK_XATTR {
+                let seconds: f64 = String::from_utf8_lossy(value).trim().parse().unwrap_or(1.0);
+                let options = anvil::fs::ReblockOptions {
+                    time_box: Some(Duration::from_secs_f64(seconds.clamp(0.0, 3600.0))),
+                    ..Default::default()
+                };
+                let mut progress = (0, 0);
+                return match self.fs.reblock(options, &mut |d, t| progress = (d, t)) {
+                    Ok(report) => {
+                        *self.last_reblock.lock() = Some((report, progress.0, progress.1));
+                        reply.ok()
+                    }
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
+            if ino.0 == 1 && name == CLEANUP_XATTR {
+                let text = String::from_utf8_lossy(value).into_owned();
+                let key = anvil::fs::config_keys::CLEANUP;
+                return match self.fs.set_config_text(key, &text) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
             if ino.0 == 1 && name == POLICY_XATTR {
                 let text = String::from_utf8_lossy(value).into_owned();
                 let result = anvil::fs::RetentionPolicy::parse(&text)
@@ -750,6 +787,31 @@ impl fuser::Filesystem for AnvilFuse {
                 None => "{}".to_string(),
             };
             return reply_xattr(reply, size, text.as_bytes());
+        }
+        if ino.0 == 1 && name == REBLOCK_XATTR {
+            let text = match &*self.last_reblock.lock() {
+                Some((r, done, total)) => format!(
+                    concat!(
+                        "{{\"extents_moved\":{},\"bytes_moved\":{},\"bytes_freed\":{},",
+                        "\"damaged\":{},\"finished\":{},\"done\":{},\"total\":{}}}"
+                    ),
+                    r.extents_moved,
+                    r.bytes_moved,
+                    r.bytes_freed,
+                    r.damaged,
+                    r.finished,
+                    done,
+                    total
+                ),
+                None => "{}".to_string(),
+            };
+            return reply_xattr(reply, size, text.as_bytes());
+        }
+        if ino.0 == 1 && name == CLEANUP_XATTR {
+            return match self.fs.config_text(anvil::fs::config_keys::CLEANUP) {
+                Ok(text) => reply_xattr(reply, size, text.unwrap_or_default().as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            };
         }
         if ino.0 == 1 && name == POLICY_XATTR {
             return match self.fs.retention_policy() {

@@ -28,6 +28,9 @@ pub enum Target {
 #[derive(Default)]
 pub struct Views {
     inner: Mutex<ViewMap>,
+    /// Set when the whole mount is a view (`anvil mount --as-of`): inode 1 is the root as of
+    /// this TID.
+    root_tid: Option<u64>,
 }
 
 #[derive(Default)]
@@ -38,6 +41,20 @@ struct ViewMap {
 }
 
 impl Views {
+    /// Views for a mount whose root is the volume as of `tid`.
+    pub fn as_of(tid: u64) -> Views {
+        let views = Views {
+            inner: Mutex::default(),
+            root_tid: Some(tid),
+        };
+        {
+            let mut map = views.inner.lock();
+            map.by_key.insert((ROOT_OBJ, tid), ROOT_OBJ);
+            map.by_ino.insert(ROOT_OBJ, (ROOT_OBJ, tid));
+        }
+        views
+    }
+
     pub fn ino_for(&self, obj: u64, tid: u64) -> u64 {
         let mut map = self.inner.lock();
         if let Some(ino) = map.by_key.get(&(obj, tid)) {
@@ -52,6 +69,9 @@ impl Views {
 
     /// What an inode number stands for; None for a view the kernel has already forgotten.
     pub fn target(&self, ino: u64) -> Option<Target> {
+        if let (Some(tid), ROOT_OBJ) = (self.root_tid, ino) {
+            return Some(Target::AsOf { obj: ROOT_OBJ, tid });
+        }
         if ino < VIEW_INO_BASE {
             return Some(Target::Live(ino));
         }
@@ -65,6 +85,9 @@ impl Views {
     }
 
     pub fn forget(&self, ino: u64) {
+        if ino == ROOT_OBJ {
+            return;
+        }
         let mut map = self.inner.lock();
         if let Some(key) = map.by_ino.remove(&ino) {
             map.by_key.remove(&key);

@@ -2,7 +2,7 @@
 //! unchanged, unkept versions are gone, the freed space returns, and check stays clean.
 
 use anvil::device::{Device, MemDevice};
-use anvil::fs::RetentionPolicy;
+use anvil::fs::{ReblockOptions, RetentionPolicy};
 use anvil::{Filesystem, MountOptions};
 use std::sync::Arc;
 
@@ -100,4 +100,64 @@ fn policy_is_stored_in_the_volume() {
     drop(fs);
     let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
     assert_eq!(fs.retention_policy().unwrap(), weekly);
+}
+
+#[test]
+fn reblock_moves_data_without_changing_any_view_and_resumes() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 128 << 20, "reblock").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    // Interleave two files' writes across commits so their extents are fragmented.
+    let mut tids = Vec::new();
+    for round in 0..12 {
+        for name in ["/a", "/b"] {
+            let ino = match fs.resolve(name) {
+                Ok(ino) => ino,
+                Err(_) => fs.write_file(name, b"").unwrap(),
+            };
+            fs.write(ino, round * 65536, &content(round as usize)[..65536])
+                .unwrap();
+        }
+        tids.push(fs.sync().unwrap());
+    }
+    let views_before: Vec<(Vec<u8>, Vec<u8>)> = tids
+        .iter()
+        .map(|t| {
+            let view = fs.at(*t).unwrap();
+            (view.read_file("/a").unwrap(), view.read_file("/b").unwrap())
+        })
+        .collect();
+    let mut calls = 0;
+    let small_steps = ReblockOptions {
+        time_box: Some(std::time::Duration::ZERO),
+        step_bytes: 8192,
+    };
+    let first = fs.reblock(small_steps, &mut |_, _| calls += 1).unwrap();
+    assert!(
+        !first.finished && calls == 1,
+        "a zero time box does one step: {first:?}"
+    );
+    let whole = ReblockOptions {
+        time_box: None,
+        step_bytes: 8192,
+    };
+    let rest = fs
+        .reblock(whole, &mut |done, total| assert!(done <= total))
+        .unwrap();
+    assert!(rest.finished, "{rest:?}");
+    assert!(first.extents_moved + rest.extents_moved >= 24);
+    for (tid, (a, b)) in tids.iter().zip(&views_before) {
+        let view = fs.at(*tid).unwrap();
+        assert_eq!(&view.read_file("/a").unwrap(), a);
+        assert_eq!(&view.read_file("/b").unwrap(), b);
+    }
+    assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
+    fs.close().unwrap();
+    drop(fs);
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    assert_eq!(
+        fs.at(tids[5]).unwrap().read_file("/a").unwrap(),
+        views_before[5].0
+    );
+    assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
 }

@@ -22,13 +22,16 @@ pub enum Mutation {
     MarkDeleted(Key),
     /// Remove an existing element and free its extent (history off, or prune).
     Remove(Key),
+    /// Give an existing element a new payload with the same content (reblock moved its
+    /// extent); its key and TIDs stay, the old extent is freed.
+    Relocate(Key, Payload),
 }
 
 impl Mutation {
     pub fn key(&self) -> Key {
         match self {
             Mutation::Insert(e) => e.key,
-            Mutation::MarkDeleted(k) | Mutation::Remove(k) => *k,
+            Mutation::MarkDeleted(k) | Mutation::Remove(k) | Mutation::Relocate(k, _) => *k,
         }
     }
 }
@@ -189,6 +192,15 @@ fn apply_leaf(
             (Mutation::Insert(element), None) => merged.push(element.clone()),
             (Mutation::MarkDeleted(_), Some(mut element)) if element.delete_tid == 0 => {
                 element.delete_tid = ctx.tid;
+                merged.push(element);
+            }
+            (Mutation::Relocate(_, payload), Some(mut element)) => {
+                if let Payload::Extent(old) = element.payload {
+                    if element.payload != *payload {
+                        ctx.freed.push((old.offset, old.allocated_bytes()));
+                    }
+                }
+                element.payload = payload.clone();
                 merged.push(element);
             }
             (Mutation::Remove(_), Some(element)) => {

@@ -7,9 +7,11 @@
 mod asof;
 mod history;
 mod prune;
+mod reblock;
 mod types;
 
-pub use prune::{PruneReport, RetentionPolicy, SpaceSplit};
+pub use prune::{config_keys, PruneReport, RetentionPolicy, SpaceSplit};
+pub use reblock::{ReblockOptions, ReblockReport};
 
 pub use history::{parse_tid, parse_time, SNAPSHOT_LABEL_BYTES_MAX};
 

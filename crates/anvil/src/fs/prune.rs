@@ -301,3 +301,44 @@ mod tests {
         assert!(RetentionPolicy::parse("daily").is_err());
     }
 }
+
+/// Free-form configuration texts kept in the volume (CONFIG records of the volume object).
+pub mod config_keys {
+    /// The `anvil cleanup` schedule and its last-run times.
+    pub const CLEANUP: u64 = 3;
+}
+
+impl Filesystem {
+    /// A configuration text stored in the volume, if set.
+    pub fn config_text(&self, key: u64) -> Result<Option<String>> {
+        let lk = LogicalKey {
+            obj: VOLUME_OBJ,
+            rtype: rtype::CONFIG,
+            key,
+        };
+        let stored = self.volume.run(false, |tx| tx.get_bytes(lk))?;
+        Ok(stored.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    pub fn set_config_text(&self, key: u64, text: &str) -> Result<()> {
+        if matches!(key, POLICY_KEY | 2) {
+            return Err(Error::Invalid(format!(
+                "configuration key {key} is reserved"
+            )));
+        }
+        if text.len() > 2048 {
+            return Err(Error::Invalid(
+                "configuration text longer than 2048 bytes".into(),
+            ));
+        }
+        let lk = LogicalKey {
+            obj: VOLUME_OBJ,
+            rtype: rtype::CONFIG,
+            key,
+        };
+        let bytes = Arc::new(text.as_bytes().to_vec());
+        self.volume
+            .run(true, |tx| tx.put(lk, Some(bytes.clone())))?;
+        self.sync().map(|_| ())
+    }
+}

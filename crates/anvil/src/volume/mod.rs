@@ -113,6 +113,18 @@ pub struct Volume {
     stop_committer: AtomicBool,
 }
 
+/// What one reblock step did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReblockStep {
+    /// Where the next step starts; None when the pass reached the end of the tree.
+    pub next: Option<Key>,
+    pub extents_moved: u64,
+    pub bytes_moved: u64,
+    pub nodes_written: u64,
+    /// Extents left in place because their checksum failed.
+    pub damaged: u64,
+}
+
 /// Summary numbers for `anvil info`.
 #[derive(Clone, Debug)]
 pub struct Usage {
@@ -882,6 +894,125 @@ impl Volume {
         cursor.seq += 1;
         cursor.used_bytes += bytes.len() as u64;
         Ok(())
+    }
+
+    /// One step of reblock: moves the extents of elements from `from` on (up to about
+    /// `budget_bytes`) side by side into fresh space in key order and rewrites the leaves
+    /// they live in, then makes the new layout durable. Contents, keys and TIDs do not
+    /// change, so as-of views and pending changes are unaffected. Runs under the commit lock.
+    pub fn reblock_step(&self, from: Key, budget_bytes: u64) -> Result<ReblockStep> {
+        if self.is_read_only() {
+            return Err(Error::ReadOnly);
+        }
+        let _cursor = self.commit_lock.lock();
+        let old_root = self.root();
+        let loader = self.loader();
+        let mut batch: Vec<(Key, ExtentRef)> = Vec::new();
+        let mut touched: Vec<Mutation> = Vec::new();
+        let mut budget_used = 0u64;
+        let mut next = None;
+        let walk = btree::range(&loader, old_root.root, &from, &max_key(), &mut |e| {
+            if budget_used >= budget_bytes {
+                next = Some(e.key);
+                return false;
+            }
+            match &e.payload {
+                Payload::Extent(extent) => {
+                    budget_used += extent.allocated_bytes();
+                    batch.push((e.key, *extent));
+                }
+                // Inline elements are touched too, so every leaf is rewritten in order.
+                Payload::Inline(_) => {
+                    budget_used += e.encoded_bytes() as u64;
+                    touched.push(Mutation::Relocate(e.key, e.payload.clone()));
+                }
+            }
+            true
+        });
+        match walk {
+            Ok(_) => {}
+            Err(Stop::Fail(e)) => return Err(e),
+            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
+        }
+        let mut step = ReblockStep {
+            next,
+            ..ReblockStep::default()
+        };
+        // Read what moves; an extent that fails its checksum stays where it is.
+        let mut moving: Vec<(Key, ExtentRef, Vec<u8>)> = Vec::with_capacity(batch.len());
+        for (key, extent) in batch {
+            let mut stored = vec![0u8; extent.stored_bytes as usize];
+            let readable = self.extent_in_bounds(&extent)
+                && self.device.read_at(&mut stored, extent.offset).is_ok()
+                && crate::checksum::checksum(&stored) == extent.checksum;
+            if readable {
+                moving.push((key, extent, stored));
+            } else {
+                log::error!(
+                    "reblock: {} of {key:?} is damaged; left in place",
+                    extent_location(&extent)
+                );
+                step.damaged += 1;
+            }
+        }
+        let mut mutations = touched;
+        let mut placed: Vec<(u64, Vec<&[u8]>)> = Vec::new();
+        static ZEROS: [u8; BLOCK_BYTES as usize] = [0; BLOCK_BYTES as usize];
+        for (key, extent, stored) in &moving {
+            let allocated = extent.allocated_bytes();
+            let offset = self.space.allocate(allocated, Purpose::Metadata)?;
+            let padding = (allocated - stored.len() as u64) as usize;
+            match placed.last_mut() {
+                Some((start, slices))
+                    if *start + slices.iter().map(|s| s.len() as u64).sum::<u64>() == offset =>
+                {
+                    slices.push(stored);
+                    slices.push(&ZEROS[..padding]);
+                }
+                _ => placed.push((offset, vec![stored.as_slice(), &ZEROS[..padding]])),
+            }
+            let moved = ExtentRef { offset, ..*extent };
+            mutations.push(Mutation::Relocate(*key, Payload::Extent(moved)));
+            step.extents_moved += 1;
+            step.bytes_moved += allocated;
+        }
+        for (offset, slices) in &placed {
+            self.device.write_vectored_at(slices, *offset)?;
+        }
+        mutations.sort_by_key(Mutation::key);
+        let previous = self.state.lock().superblock.clone();
+        let mut ctx = CommitContext {
+            loader: self.loader(),
+            space: &self.space,
+            tid: previous.committed_tid,
+            freed: Vec::new(),
+            writes: Vec::new(),
+        };
+        let new_root = apply(&mut ctx, old_root.root, &mutations)?;
+        step.nodes_written = ctx.writes.len() as u64;
+        ctx.write_out()?;
+        self.device.flush()?;
+        let sb = Superblock {
+            seq: previous.seq + 1,
+            root_address: new_root.address,
+            root_level: new_root.level,
+            used_bytes: self.space.used_bytes(),
+            ..previous
+        };
+        sb.validate(sb.address())?;
+        self.device.write_at(&sb.encode(), sb.address())?;
+        self.device.flush()?;
+        let freed = ctx.freed;
+        let mut st = self.state.lock();
+        old_root.release.lock().extend(freed);
+        st.root = Arc::new(RootRef {
+            root: new_root,
+            tid: sb.committed_tid,
+            release: Mutex::new(Vec::new()),
+            space: self.space.clone(),
+        });
+        st.superblock = sb;
+        Ok(step)
     }
 
     /// Schedules exact elements for removal in the next commit (prune). The caller must
