@@ -223,6 +223,7 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
             Err(e) => return startup_error(format!("--as-of {spec}: {e}")),
         }
     }
+    let notifier_slot = adapter.notifier_slot();
     let mut session = match fuser::Session::new(adapter, dir, &fuse_config) {
         Ok(session) => session,
         Err(e) => {
@@ -230,6 +231,7 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
             return startup_error(format!("cannot mount on {}: {e}", dir.display()));
         }
     };
+    let _ = notifier_slot.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     let dir_for_signals = dir.to_path_buf();
     match signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]) {

@@ -92,11 +92,18 @@ pub struct AnvilFuse {
     last_prune: Mutex<Option<anvil::fs::PruneReport>>,
     /// Last reblock run and its progress (done, total bytes).
     last_reblock: Mutex<Option<(anvil::fs::ReblockReport, u64, u64)>>,
+    /// Set once the session exists; used to invalidate kernel caches of changed views.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 impl AnvilFuse {
     /// `writeback`: let the kernel cache writes (fewer, larger writes reach us; the kernel
     /// then owns mtime and pushes it with SETATTR).
+    /// Where the session's notifier goes once the session exists.
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
     /// Serves the volume as of `tid` (read-only) instead of its current state.
     pub fn as_of(mut self, tid: u64) -> AnvilFuse {
         self.views = Views::as_of(tid);
@@ -112,6 +119,7 @@ impl AnvilFuse {
             views: Views::default(),
             last_prune: Mutex::new(None),
             last_reblock: Mutex::new(None),
+            notifier: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -689,7 +697,10 @@ impl fuser::Filesystem for AnvilFuse {
             if ino.0 == 1 && name == SNAPSHOT_XATTR {
                 let label = String::from_utf8_lossy(value).into_owned();
                 return match self.fs.snapshot(&label) {
-                    Ok(_) => reply.ok(),
+                    Ok(_) => {
+                        self.invalidate_views(Vec::new(), false);
+                        reply.ok()
+                    }
                     Err(e) => reply.error(errno(&e)),
                 };
             }
@@ -704,6 +715,7 @@ impl fuser::Filesystem for AnvilFuse {
                 return match result {
                     Ok(report) => {
                         *self.last_prune.lock() = Some(report);
+                        self.invalidate_views(Vec::new(), true);
                         reply.ok()
                     }
                     Err(e) => reply.error(errno(&e)),
@@ -743,8 +755,19 @@ impl fuser::Filesystem for AnvilFuse {
             }
             if ino.0 == 1 && name == SNAPRM_XATTR {
                 let spec = String::from_utf8_lossy(value).into_owned();
+                let names: Vec<String> = self
+                    .fs
+                    .snapshots()
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|s| s.label == spec || format!("{:#018x}", s.tid) == spec)
+                    .map(views::snapshot_name)
+                    .collect();
                 return match self.fs.remove_snapshot(&spec) {
-                    Ok(_) => reply.ok(),
+                    Ok(_) => {
+                        self.invalidate_views(names, false);
+                        reply.ok()
+                    }
                     Err(e) => reply.error(errno(&e)),
                 };
             }

@@ -84,6 +84,11 @@ impl Views {
             .map(|&(obj, tid)| Target::AsOf { obj, tid })
     }
 
+    /// Every view inode the kernel may have cached.
+    pub fn all_inos(&self) -> Vec<u64> {
+        self.inner.lock().by_ino.keys().copied().collect()
+    }
+
     pub fn forget(&self, ino: u64) {
         if ino == ROOT_OBJ {
             return;
@@ -243,5 +248,33 @@ pub fn snapshot_name(snapshot: &anvil::fs::SnapshotInfo) -> String {
         format!("{:#018x}", snapshot.tid)
     } else {
         snapshot.label.clone()
+    }
+}
+
+impl AnvilFuse {
+    /// Tells the kernel that views changed (a snapshot came or went, history was pruned):
+    /// the snapshot directory's listing, the removed names, and, after a prune, every
+    /// view's attributes and cached pages. Sent from another thread: a notification must
+    /// not wait on a kernel lock the current request holds.
+    pub(crate) fn invalidate_views(&self, removed_names: Vec<String>, all_views: bool) {
+        let Some(notifier) = self.notifier.get().cloned() else {
+            return;
+        };
+        let inos = if all_views {
+            self.views.all_inos()
+        } else {
+            Vec::new()
+        };
+        std::thread::spawn(move || {
+            let _ = notifier.inval_inode(fuser::INodeNo(SNAPDIR_INO), 0, 0);
+            for name in removed_names {
+                let _ =
+                    notifier.inval_entry(fuser::INodeNo(SNAPDIR_INO), std::ffi::OsStr::new(&name));
+            }
+            for ino in inos {
+                // ENOENT for inodes the kernel already dropped is expected and harmless.
+                let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
+            }
+        });
     }
 }
