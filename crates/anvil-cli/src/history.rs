@@ -3,8 +3,8 @@
 
 use crate::mount::{get_xattr, set_xattr};
 use anvil_fuse::{
-    CLEANUP_XATTR, HISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, SNAPRM_XATTR,
-    SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
+    CLEANUP_XATTR, HISTORY_XATTR, NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR,
+    SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -395,5 +395,23 @@ pub fn cleanup(dir: &Path, config: Option<&str>) -> Result<u8, String> {
     let text: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
     set_xattr(dir, CLEANUP_XATTR, text.join(" ").as_bytes())
         .map_err(|e| format!("saving the cleanup schedule: {e}"))?;
+    Ok(0)
+}
+
+pub fn nohistory(path: &Path, setting: Option<&str>) -> Result<u8, String> {
+    if let Some(setting) = setting {
+        let value: &[u8] = match setting {
+            "on" => b"1",
+            "off" => b"0",
+            _ => return Err(format!("expected on or off, not {setting:?}")),
+        };
+        set_xattr(path, NOHISTORY_XATTR, value).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let on = get_xattr(path, NOHISTORY_XATTR)? == "1";
+    println!(
+        "{}: history {}",
+        path.display(),
+        if on { "off (nohistory)" } else { "on" }
+    );
     Ok(0)
 }

@@ -132,6 +132,12 @@ enum Command {
         #[arg(long)]
         config: Option<String>,
     },
+    /// Show or set whether a file or directory keeps history (new children inherit it).
+    Nohistory {
+        path: PathBuf,
+        /// "on" (keep no history) or "off" (keep history).
+        setting: Option<String>,
+    },
     /// Show or set the retention policy stored in the volume.
     Policy {
         dir: PathBuf,
@@ -205,6 +211,7 @@ fn main() -> ExitCode {
         Command::PruneEverything { dir } => history::prune(&dir, "everything"),
         Command::Reblock { dir, seconds } => history::reblock(&dir, seconds),
         Command::Cleanup { dir, config } => history::cleanup(&dir, config.as_deref()),
+        Command::Nohistory { path, setting } => history::nohistory(&path, setting.as_deref()),
         Command::Policy { dir, policy } => history::policy(&dir, policy.as_deref()),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
         Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),

@@ -47,6 +47,8 @@ pub const SPACE_XATTR: &str = "trusted.anvil.space";
 pub const REBLOCK_XATTR: &str = "trusted.anvil.reblock";
 /// Reading or writing this attribute on the root gets or sets the `anvil cleanup` schedule.
 pub const CLEANUP_XATTR: &str = "trusted.anvil.cleanup";
+/// "1" or "0" on any object: history off or on for it (new children inherit it).
+pub const NOHISTORY_XATTR: &str = "trusted.anvil.nohistory";
 /// Reading this attribute on any object lists its versions (JSON, newest last).
 pub const HISTORY_XATTR: &str = "trusted.anvil.history";
 /// Versions listed through HISTORY_XATTR at most (an xattr value is at most 64 KiB).
@@ -721,6 +723,17 @@ impl fuser::Filesystem for AnvilFuse {
                     Err(e) => reply.error(errno(&e)),
                 };
             }
+            if name == NOHISTORY_XATTR {
+                let on = match value {
+                    b"1" => true,
+                    b"0" => false,
+                    _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+                };
+                return match self.fs.set_nohistory(ino.0, on) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
             if ino.0 == 1 && name == REBLOCK_XATTR {
                 let seconds: f64 = String::from_utf8_lossy(value).trim().parse().unwrap_or(1.0);
                 let options = anvil::fs::ReblockOptions {
@@ -810,6 +823,15 @@ impl fuser::Filesystem for AnvilFuse {
                 None => "{}".to_string(),
             };
             return reply_xattr(reply, size, text.as_bytes());
+        }
+        if name == NOHISTORY_XATTR && !is_view(ino.0) {
+            return match self.fs.getattr(ino.0) {
+                Ok(attr) => {
+                    let on = attr.flags & anvil::format::record::inode_flags::NOHISTORY != 0;
+                    reply_xattr(reply, size, if on { b"1" } else { b"0" })
+                }
+                Err(e) => reply.error(errno(&e)),
+            };
         }
         if ino.0 == 1 && name == REBLOCK_XATTR {
             let text = match &*self.last_reblock.lock() {

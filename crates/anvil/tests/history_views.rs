@@ -74,3 +74,44 @@ fn snapshots_history_and_as_of_resolution() {
     assert!(fs.snapshots().unwrap().is_empty());
     assert!(fs.remove_snapshot("first").is_err());
 }
+
+#[test]
+fn nohistory_per_object_is_inherited_and_keeps_no_versions() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "nohist").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    let scratch = fs.mkdir_path("/scratch").unwrap();
+    fs.set_nohistory(scratch, true).unwrap();
+    // Incompressible, so stored sizes show which versions survive.
+    let noise = |seed: u64| {
+        let mut x = seed | 1;
+        (0..500_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect::<Vec<u8>>()
+    };
+    let big = noise(1);
+    fs.write_file("/scratch/tmp", &big).unwrap();
+    fs.write_file("/kept", &big).unwrap();
+    let first = fs.sync().unwrap();
+    fs.write_file("/scratch/tmp", &noise(2)).unwrap();
+    fs.write_file("/kept", &noise(3)).unwrap();
+    fs.sync().unwrap();
+    let split = fs.space_split().unwrap();
+    // Only /kept's first version is history; /scratch/tmp's was destroyed.
+    assert!(
+        (500_000..900_000).contains(&split.history_bytes),
+        "one 500 kB version of history expected: {split:?}"
+    );
+    assert_eq!(fs.at(first).unwrap().read_file("/kept").unwrap(), big);
+    assert_ne!(
+        fs.at(first).unwrap().read_file("/scratch/tmp").ok(),
+        Some(big.clone())
+    );
+    fs.set_nohistory(scratch, false).unwrap();
+    assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
+}

@@ -22,8 +22,8 @@ use crate::btree::{Step, Stop};
 use crate::device::{Device, FileDevice};
 use crate::error::{posix, Error, Result};
 use crate::format::record::{
-    kind, rtype, Dirent, Inode, LogicalKey, Timestamp, Xattr, DATA_CHUNK_BYTES, HASH_SLOTS,
-    NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
+    inode_flags, kind, rtype, Dirent, Inode, LogicalKey, Timestamp, Xattr, DATA_CHUNK_BYTES,
+    HASH_SLOTS, NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
 };
 use crate::format::{record::hash_slot_base, BLOCK_BYTES};
 use crate::volume::{Tx, Value, Volume, VolumeOptions};
@@ -75,8 +75,20 @@ fn load_inode(tx: &Tx<'_>, obj: u64) -> Step<Inode> {
     }
 }
 
+/// Puts a record, honouring its object's no-history flag: with it set, the replaced version
+/// is destroyed at commit instead of kept as history. Directory entries follow their
+/// directory's flag.
+fn put(tx: &mut Tx<'_>, lk: LogicalKey, value: Option<Arc<Vec<u8>>>) -> Step<()> {
+    let nohistory = lk.obj != VOLUME_OBJ
+        && match tx.get_bytes(inode_key(lk.obj))? {
+            Some(bytes) => Inode::decode(&bytes)?.flags & inode_flags::NOHISTORY != 0,
+            None => false,
+        };
+    tx.put_with(lk, value, nohistory)
+}
+
 fn store_inode(tx: &mut Tx<'_>, obj: u64, inode: &Inode) -> Step<()> {
-    tx.put(inode_key(obj), Some(Arc::new(inode.encode())))
+    put(tx, inode_key(obj), Some(Arc::new(inode.encode())))
 }
 
 fn check_name(name: &[u8]) -> Step<()> {
@@ -158,7 +170,8 @@ fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
     for record_type in [rtype::DATA, rtype::XATTR, rtype::SYMLINK] {
         let records = tx.range(obj, record_type, 0, u64::MAX, usize::MAX)?;
         for (key, _) in records {
-            tx.put(
+            put(
+                tx,
                 LogicalKey {
                     obj,
                     rtype: record_type,
@@ -168,8 +181,9 @@ fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
             )?;
         }
     }
-    tx.put(inode_key(obj), None)?;
-    tx.put(
+    put(tx, inode_key(obj), None)?;
+    put(
+        tx,
         LogicalKey {
             obj: VOLUME_OBJ,
             rtype: rtype::ORPHAN,
@@ -198,7 +212,7 @@ fn drop_link(tx: &mut Tx<'_>, obj: u64, open: &HashMap<u64, u32>, now: Timestamp
             rtype: rtype::ORPHAN,
             key: obj,
         };
-        return tx.put(orphan, Some(Arc::new(Vec::new())));
+        return put(tx, orphan, Some(Arc::new(Vec::new())));
     }
     destroy(tx, obj)
 }
@@ -238,7 +252,8 @@ fn resize_data(tx: &mut Tx<'_>, obj: u64, old_size: u64, size: u64) -> Step<()> 
         usize::MAX,
     )?;
     for (key, _) in doomed {
-        tx.put(
+        put(
+            tx,
             LogicalKey {
                 obj,
                 rtype: rtype::DATA,
@@ -251,7 +266,7 @@ fn resize_data(tx: &mut Tx<'_>, obj: u64, old_size: u64, size: u64) -> Step<()> 
         let lk = chunk_key(obj, keep_chunk);
         if let Some(bytes) = tx.get_bytes(lk)? {
             if bytes.len() as u64 > within {
-                tx.put(lk, Some(Arc::new(bytes[..within as usize].to_vec())))?;
+                put(tx, lk, Some(Arc::new(bytes[..within as usize].to_vec())))?;
             }
         }
     }
@@ -504,7 +519,7 @@ impl Filesystem {
                 nlink: if is_dir { 2 } else { 1 },
                 size: target.map_or(0, |t| t.len() as u64),
                 rdev,
-                flags: parent_inode.flags & crate::format::record::inode_flags::NOHISTORY,
+                flags: parent_inode.flags & inode_flags::NOHISTORY,
                 atime: now,
                 mtime: now,
                 ctime: now,
@@ -518,7 +533,7 @@ impl Filesystem {
                     rtype: rtype::SYMLINK,
                     key: 0,
                 };
-                tx.put(lk, Some(Arc::new(target.to_vec())))?;
+                put(tx, lk, Some(Arc::new(target.to_vec())))?;
             }
             let slot = free_slot(tx, parent, rtype::DIRENT, name)?;
             let entry = Dirent {
@@ -526,7 +541,8 @@ impl Filesystem {
                 kind: mode & kind::MASK,
                 name: name.to_vec(),
             };
-            tx.put(
+            put(
+                tx,
                 LogicalKey {
                     obj: parent,
                     rtype: rtype::DIRENT,
@@ -566,7 +582,8 @@ impl Filesystem {
                 kind: inode.kind(),
                 name: new_name.to_vec(),
             };
-            tx.put(
+            put(
+                tx,
                 LogicalKey {
                     obj: new_parent,
                     rtype: rtype::DIRENT,
@@ -610,7 +627,8 @@ impl Filesystem {
                 return fail(libc::ENOTEMPTY);
             }
             let now = Timestamp::now();
-            tx.put(
+            put(
+                tx,
                 LogicalKey {
                     obj: parent,
                     rtype: rtype::DIRENT,
@@ -697,8 +715,9 @@ impl Filesystem {
                     kind: entry.kind,
                     name: new_name.to_vec(),
                 };
-                tx.put(dirent_key(parent, slot), Some(Arc::new(a.encode())))?;
-                tx.put(
+                put(tx, dirent_key(parent, slot), Some(Arc::new(a.encode())))?;
+                put(
+                    tx,
                     dirent_key(new_parent, target_slot),
                     Some(Arc::new(b.encode())),
                 )?;
@@ -743,7 +762,7 @@ impl Filesystem {
                 touch_dir(tx, new_parent, -1, if target_is_dir { -1 } else { 0 }, now)?;
                 target_slot = Some(existing_slot);
             }
-            tx.put(dirent_key(parent, slot), None)?;
+            put(tx, dirent_key(parent, slot), None)?;
             let new_slot = match target_slot {
                 Some(s) => s,
                 None => free_slot(tx, new_parent, rtype::DIRENT, new_name)?,
@@ -753,7 +772,8 @@ impl Filesystem {
                 kind: entry.kind,
                 name: new_name.to_vec(),
             };
-            tx.put(
+            put(
+                tx,
                 dirent_key(new_parent, new_slot),
                 Some(Arc::new(moved.encode())),
             )?;
@@ -929,7 +949,7 @@ impl Filesystem {
                     chunk[at..at + src.len()].copy_from_slice(src);
                     chunk
                 };
-                tx.put(lk, Some(Arc::new(new_chunk)))?;
+                put(tx, lk, Some(Arc::new(new_chunk)))?;
             }
             let now = Timestamp::now();
             inode.size = inode.size.max(end);
@@ -982,6 +1002,21 @@ impl Filesystem {
             inode.ctime = changes.ctime.unwrap_or(now);
             store_inode(tx, ino, &inode)?;
             Ok(Attr::from_inode(ino, &inode))
+        })
+    }
+
+    /// Turns history off (or back on) for one object; new children of a directory inherit
+    /// the setting. With history off, overwrites and deletes destroy the old version.
+    pub fn set_nohistory(&self, ino: u64, nohistory: bool) -> Result<()> {
+        self.volume.run(true, |tx| {
+            let mut inode = load_inode(tx, ino)?;
+            if nohistory {
+                inode.flags |= inode_flags::NOHISTORY;
+            } else {
+                inode.flags &= !inode_flags::NOHISTORY;
+            }
+            inode.ctime = Timestamp::now();
+            store_inode(tx, ino, &inode)
         })
     }
 
@@ -1049,7 +1084,8 @@ impl Filesystem {
                 name: name.to_vec(),
                 value: value.to_vec(),
             };
-            tx.put(
+            put(
+                tx,
                 LogicalKey {
                     obj: ino,
                     rtype: rtype::XATTR,
@@ -1088,7 +1124,8 @@ impl Filesystem {
             let mut inode = load_inode(tx, ino)?;
             match find_hashed(tx, ino, rtype::XATTR, name, |b| Ok(Xattr::decode(b)?.name))? {
                 Some((slot, _)) => {
-                    tx.put(
+                    put(
+                        tx,
                         LogicalKey {
                             obj: ino,
                             rtype: rtype::XATTR,
