@@ -100,8 +100,32 @@ fn versions(path: &Path) -> Result<Vec<(u64, u64, u64, bool)>, String> {
         .unwrap_or_default())
 }
 
-pub fn history(path: &Path, as_json: bool) -> Result<u8, String> {
-    let list = versions(path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// The bytes of `path` in [start, start+len) as of `spec`; None if it did not exist.
+fn range_as_of(path: &Path, spec: &str, start: u64, len: u64) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(as_of_path(path, spec)).ok()?;
+    file.seek(SeekFrom::Start(start)).ok()?;
+    let mut out = Vec::new();
+    file.take(len).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+pub fn history(path: &Path, as_json: bool, range: Option<&str>) -> Result<u8, String> {
+    let mut list = versions(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(range) = range {
+        let (start, len) = range
+            .split_once(':')
+            .and_then(|(s, l)| Some((s.parse::<u64>().ok()?, l.parse::<u64>().ok()?)))
+            .ok_or_else(|| format!("invalid range {range:?}; expected START:LENGTH"))?;
+        // Keep the versions in which the range's bytes differ from the version before.
+        let mut previous: Option<Option<Vec<u8>>> = None;
+        list.retain(|(tid, _, _, _)| {
+            let now = range_as_of(path, &format!("{tid:#018x}"), start, len);
+            let changed = previous.as_ref() != Some(&now);
+            previous = Some(now);
+            changed
+        });
+    }
     if as_json {
         let items: Vec<serde_json::Value> = list
             .iter()

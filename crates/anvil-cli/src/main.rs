@@ -93,6 +93,9 @@ enum Command {
         path: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Only versions in which this byte range changed, as START:LENGTH (e.g. 0:4096).
+        #[arg(long)]
+        range: Option<String>,
     },
     /// Recover an earlier version of a file (also one deleted since), or diff it.
     Undo {
@@ -200,7 +203,7 @@ fn main() -> ExitCode {
         Command::Snapshot { dir, label } => history::snapshot(&dir, &label),
         Command::Snapls { dir, json } => history::snapls(&dir, json),
         Command::Snaprm { dir, snapshot } => history::snaprm(&dir, &snapshot),
-        Command::History { path, json } => history::history(&path, json),
+        Command::History { path, json, range } => history::history(&path, json, range.as_deref()),
         Command::Undo {
             path,
             tid,
