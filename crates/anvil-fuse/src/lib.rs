@@ -125,6 +125,17 @@ impl AnvilFuse {
         }
     }
 
+    /// Replies with an entry, which gives the kernel one more reference, or the error.
+    fn reply_entry(&self, reply: ReplyEntry, result: anvil::Result<Attr>) {
+        match result {
+            Ok(attr) => {
+                self.remember(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     /// Records one more kernel reference to `ino` (every entry reply gives one).
     fn remember(&self, ino: u64) {
         let first = {
@@ -259,13 +270,7 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.lookup_any(parent.0, name.as_bytes()) {
-            Ok(attr) => {
-                self.remember(attr.ino);
-                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.reply_entry(reply, self.lookup_any(parent.0, name.as_bytes()));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -361,16 +366,11 @@ impl fuser::Filesystem for AnvilFuse {
             return reply.error(Errno::from_i32(libc::EROFS));
         }
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
-        match self
-            .fs
-            .mknod(caller(req), parent.0, name.as_bytes(), mode, rdev as u64)
-        {
-            Ok(attr) => {
-                self.remember(attr.ino);
-                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.reply_entry(
+            reply,
+            self.fs
+                .mknod(caller(req), parent.0, name.as_bytes(), mode, rdev as u64),
+        );
     }
 
     fn mkdir(
@@ -385,18 +385,15 @@ impl fuser::Filesystem for AnvilFuse {
         if is_view(parent.0) {
             return reply.error(Errno::from_i32(libc::EROFS));
         }
-        match self.fs.mkdir(
-            caller(req),
-            parent.0,
-            name.as_bytes(),
-            mode & 0o7777 & !umask,
-        ) {
-            Ok(attr) => {
-                self.remember(attr.ino);
-                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.reply_entry(
+            reply,
+            self.fs.mkdir(
+                caller(req),
+                parent.0,
+                name.as_bytes(),
+                mode & 0o7777 & !umask,
+            ),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -431,16 +428,11 @@ impl fuser::Filesystem for AnvilFuse {
             return reply.error(Errno::from_i32(libc::EROFS));
         }
         let target = target.as_os_str().as_bytes();
-        match self
-            .fs
-            .symlink(caller(req), parent.0, link_name.as_bytes(), target)
-        {
-            Ok(attr) => {
-                self.remember(attr.ino);
-                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.reply_entry(
+            reply,
+            self.fs
+                .symlink(caller(req), parent.0, link_name.as_bytes(), target),
+        );
     }
 
     fn rename(
@@ -486,13 +478,7 @@ impl fuser::Filesystem for AnvilFuse {
         if is_view(ino.0) || is_view(newparent.0) {
             return reply.error(Errno::from_i32(libc::EROFS));
         }
-        match self.fs.link(ino.0, newparent.0, newname.as_bytes()) {
-            Ok(attr) => {
-                self.remember(attr.ino);
-                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.reply_entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -5,7 +5,7 @@
 //! durable and unreferenced. Nodes are split evenly when they overflow and dropped when they
 //! become empty, so all leaves stay at the same depth.
 
-use super::{child_index, Loader, NodeSource, Root, Stop};
+use super::{child_index, Loader, NodeSource, Root};
 use crate::error::{Error, Result};
 use crate::format::node::{Node, CHILD_ENTRY_BYTES, LEVEL_MAX, NODE_PAYLOAD_BYTES};
 use crate::format::record::{Element, Key, Payload};
@@ -48,11 +48,7 @@ pub struct CommitContext<'a> {
 
 impl CommitContext<'_> {
     fn fetch(&self, address: u64, level: u8) -> Result<Arc<Node>> {
-        match self.loader.node(address, level) {
-            Ok(node) => Ok(node),
-            Err(Stop::Fail(e)) => Err(e),
-            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
-        }
+        super::loaded(self.loader.node(address, level))
     }
 
     fn write_node(&mut self, node: Node) -> Result<(Key, u64)> {

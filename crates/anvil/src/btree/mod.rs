@@ -50,6 +50,16 @@ impl From<Error> for Stop {
 
 pub type Step<T> = std::result::Result<T, Stop>;
 
+/// The result of a walk through a `Loader`, which reads misses itself and so never stops
+/// with `Need`.
+pub fn loaded<T>(step: Step<T>) -> Result<T> {
+    match step {
+        Ok(value) => Ok(value),
+        Err(Stop::Fail(e)) => Err(e),
+        Err(Stop::Need(need)) => unreachable!("a loader reported a miss: {need:?}"),
+    }
+}
+
 /// Where tree walks get nodes from.
 pub trait NodeSource {
     fn node(&self, address: u64, level: u8) -> Step<Arc<Node>>;

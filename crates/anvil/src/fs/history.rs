@@ -2,7 +2,6 @@
 //! versions of one object, and resolving "as of" specifications (TID, time, label).
 
 use super::{Filesystem, SnapshotInfo, Version};
-use crate::btree::Stop;
 use crate::error::{Error, Result};
 use crate::format::record::{rtype, LogicalKey, Payload, Timestamp, VOLUME_OBJ};
 use crate::volume::Value;
@@ -194,11 +193,7 @@ impl Filesystem {
             let _ = &e.payload as &Payload;
             true
         });
-        match walk {
-            Ok(_) => {}
-            Err(Stop::Fail(e)) => return Err(e),
-            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
-        }
+        crate::btree::loaded(walk)?;
         let times: BTreeMap<u64, u64> = self.commits()?.into_iter().collect();
         let mut out = Vec::new();
         for (tid, _) in changes {

@@ -8,7 +8,6 @@
 //! allocator only once that commit is durable.
 
 use super::Filesystem;
-use crate::btree::Stop;
 use crate::error::{Error, Result};
 use crate::format::record::{rtype, Key, LogicalKey, Payload, Timestamp, VOLUME_OBJ};
 use std::collections::{BTreeSet, HashSet};
@@ -225,11 +224,7 @@ impl Filesystem {
                 true
             },
         );
-        match walk {
-            Ok(_) => {}
-            Err(Stop::Fail(e)) => return Err(e),
-            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
-        }
+        crate::btree::loaded(walk)?;
         drop(root);
         doomed.extend(
             commit_records
@@ -267,11 +262,7 @@ impl Filesystem {
                 true
             },
         );
-        match walk {
-            Ok(_) => {}
-            Err(Stop::Fail(e)) => return Err(e),
-            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
-        }
+        crate::btree::loaded(walk)?;
         let usage = self.volume.usage();
         let data = split.live_bytes + split.history_bytes;
         split.tree_bytes = usage.used_bytes.saturating_sub(data);

@@ -567,11 +567,7 @@ impl Volume {
             }
             out.len() < limit
         });
-        match result {
-            Ok(_) => Ok(out),
-            Err(Stop::Fail(e)) => Err(e),
-            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
-        }
+        btree::loaded(result).map(|_| out)
     }
 
     /// Blocks a writer while pending changes exceed the memory budget.
@@ -929,11 +925,7 @@ impl Volume {
             }
             true
         });
-        match walk {
-            Ok(_) => {}
-            Err(Stop::Fail(e)) => return Err(e),
-            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
-        }
+        crate::btree::loaded(walk)?;
         let mut step = ReblockStep {
             next,
             ..ReblockStep::default()
@@ -1034,11 +1026,14 @@ impl Volume {
     pub fn scan(&self, visit: &mut dyn FnMut(&Element) -> bool) -> Result<()> {
         let root = self.root();
         let loader = self.loader();
-        match btree::range(&loader, root.root, &Key::MIN, &max_key(), visit) {
-            Ok(_) => Ok(()),
-            Err(Stop::Fail(e)) => Err(e),
-            Err(Stop::Need(_)) => unreachable!("the loader never reports a miss"),
-        }
+        btree::loaded(btree::range(
+            &loader,
+            root.root,
+            &Key::MIN,
+            &max_key(),
+            visit,
+        ))
+        .map(|_| ())
     }
 }
 
