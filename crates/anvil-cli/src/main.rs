@@ -428,11 +428,7 @@ fn check(image: &Path, json: bool) -> Result<u8, String> {
 
 /// Parses a TID given as 0x-prefixed hex (the form anvil prints) or decimal.
 fn parse_tid(text: &str) -> Result<u64, String> {
-    let parsed = match text.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => text.parse(),
-    };
-    parsed.map_err(|_| format!("invalid TID {text:?} (expected 0x<hex> or a decimal number)"))
+    anvil::fs::parse_tid(text).map_err(|e| e.to_string())
 }
 
 fn cat(image: &Path, path: &str, at: Option<&str>) -> Result<u8, String> {

@@ -285,17 +285,12 @@ fn detach_stdout() {
 
 /// Commits a mounted volume through the root's control attribute; returns the durable TID.
 pub fn synctid(dir: &Path) -> Result<u64, String> {
-    let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
-    let name = CString::new(anvil_fuse::SYNC_XATTR).map_err(|_| "bad attribute name")?;
-    // SAFETY: valid strings and a one-byte value.
-    let rc = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!(
+    set_xattr(dir, anvil_fuse::SYNC_XATTR, b"1").map_err(|e| {
+        format!(
             "{}: cannot commit ({e}); is it an anvil mount root?",
             dir.display()
-        ));
-    }
+        )
+    })?;
     let info: serde_json::Value =
         serde_json::from_str(&query_info(dir)?).map_err(|e| format!("bad info: {e}"))?;
     info["committed_tid"]
@@ -305,26 +300,12 @@ pub fn synctid(dir: &Path) -> Result<u64, String> {
 
 /// Asks a mounted volume for its info through the root's control attribute.
 pub fn query_info(dir: &Path) -> Result<String, String> {
-    let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
-    let name = CString::new(anvil_fuse::INFO_XATTR).map_err(|_| "bad attribute name")?;
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid strings and a buffer of the stated length.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(format!(
+    get_xattr(dir, anvil_fuse::INFO_XATTR).map_err(|_| {
+        format!(
             "{} is not the root of a mounted anvil volume",
             dir.display()
-        ));
-    }
-    buf.truncate(n as usize);
-    String::from_utf8(buf).map_err(|_| "daemon returned invalid info".to_string())
+        )
+    })
 }
 
 /// Reads a control attribute of an anvil mount (up to 64 KiB).
@@ -349,8 +330,15 @@ pub fn get_xattr(path: &Path, name: &str) -> Result<String, String> {
     String::from_utf8(buf).map_err(|_| "daemon returned invalid text".to_string())
 }
 
-/// Writes a control attribute of an anvil mount.
+/// Writes a control attribute of an anvil mount. Checks first that `path` is on one, so
+/// nothing is ever written to another filesystem.
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<(), String> {
+    if get_xattr(path, anvil_fuse::INFO_XATTR).is_err() {
+        return Err(format!(
+            "{} is not on a mounted anvil volume",
+            path.display()
+        ));
+    }
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
     let c_name = CString::new(name).map_err(|_| "bad attribute name")?;
     // SAFETY: valid strings and a value buffer of the stated length.

@@ -24,7 +24,7 @@ use views::{is_view, Target, Views};
 
 pub use fuser;
 
-/// Name of the read-only control attribute on the mount root that reports volume info.
+/// Read-only control attribute, on any object of the mount, that reports volume info.
 pub const INFO_XATTR: &str = "trusted.anvil.info";
 /// Writing any value to this attribute on the root commits now (like `sync`).
 pub const SYNC_XATTR: &str = "trusted.anvil.sync";
@@ -790,7 +790,7 @@ impl fuser::Filesystem for AnvilFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if ino.0 == 1 && name == INFO_XATTR {
+        if name == INFO_XATTR {
             let json = self.fs.info().to_json();
             return reply_xattr(reply, size, json.as_bytes());
         }

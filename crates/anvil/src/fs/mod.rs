@@ -921,6 +921,7 @@ impl Filesystem {
             if inode.is_dir() {
                 return fail(libc::EISDIR);
             }
+            let nohistory = inode.flags & inode_flags::NOHISTORY != 0;
             let first = offset / DATA_CHUNK_BYTES;
             let last = (end - 1) / DATA_CHUNK_BYTES;
             for index in first..=last {
@@ -949,7 +950,8 @@ impl Filesystem {
                     chunk[at..at + src.len()].copy_from_slice(src);
                     chunk
                 };
-                put(tx, lk, Some(Arc::new(new_chunk)))?;
+                // The inode is at hand: no need for `put` to look the flag up per chunk.
+                tx.put_with(lk, Some(Arc::new(new_chunk)), nohistory)?;
             }
             let now = Timestamp::now();
             inode.size = inode.size.max(end);
