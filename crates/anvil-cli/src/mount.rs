@@ -285,12 +285,7 @@ fn detach_stdout() {
 
 /// Commits a mounted volume through the root's control attribute; returns the durable TID.
 pub fn synctid(dir: &Path) -> Result<u64, String> {
-    set_xattr(dir, anvil_fuse::SYNC_XATTR, b"1").map_err(|e| {
-        format!(
-            "{}: cannot commit ({e}); is it an anvil mount root?",
-            dir.display()
-        )
-    })?;
+    set_xattr(dir, anvil_fuse::SYNC_XATTR, b"1")?;
     let info: serde_json::Value =
         serde_json::from_str(&query_info(dir)?).map_err(|e| format!("bad info: {e}"))?;
     info["committed_tid"]
