@@ -254,27 +254,23 @@ pub fn snapshot_name(snapshot: &anvil::fs::SnapshotInfo) -> String {
 impl AnvilFuse {
     /// Tells the kernel that views changed (a snapshot came or went, history was pruned):
     /// the snapshot directory's listing, the removed names, and, after a prune, every
-    /// view's attributes and cached pages. Sent from another thread: a notification must
-    /// not wait on a kernel lock the current request holds.
+    /// view's attributes and cached pages. Done before the request that changed them is
+    /// answered, so the caller never sees stale views. Safe inside a request: these
+    /// notifications lock only `.snapshots` and view inodes, never the root the control
+    /// request holds.
     pub(crate) fn invalidate_views(&self, removed_names: Vec<String>, all_views: bool) {
-        let Some(notifier) = self.notifier.get().cloned() else {
+        let Some(notifier) = self.notifier.get() else {
             return;
         };
-        let inos = if all_views {
-            self.views.all_inos()
-        } else {
-            Vec::new()
-        };
-        std::thread::spawn(move || {
-            let _ = notifier.inval_inode(fuser::INodeNo(SNAPDIR_INO), 0, 0);
-            for name in removed_names {
-                let _ =
-                    notifier.inval_entry(fuser::INodeNo(SNAPDIR_INO), std::ffi::OsStr::new(&name));
-            }
-            for ino in inos {
+        let _ = notifier.inval_inode(fuser::INodeNo(SNAPDIR_INO), 0, 0);
+        for name in removed_names {
+            let _ = notifier.inval_entry(fuser::INodeNo(SNAPDIR_INO), std::ffi::OsStr::new(&name));
+        }
+        if all_views {
+            for ino in self.views.all_inos() {
                 // ENOENT for inodes the kernel already dropped is expected and harmless.
                 let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
             }
-        });
+        }
     }
 }

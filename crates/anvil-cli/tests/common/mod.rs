@@ -173,6 +173,11 @@ impl Mount {
         self.unmount_and_check();
     }
 
+    /// Like `unmount`, but keeps the image (and its directory) for further use.
+    pub fn unmount_keep_image(&mut self) {
+        self.unmount_and_check();
+    }
+
     /// Runs `anvil check IMAGE` once (the volume should not be mounted).
     pub fn check(&self) -> CommandOutput {
         let args = [OsStr::new("check"), self.image.as_os_str()];
