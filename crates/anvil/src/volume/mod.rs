@@ -37,7 +37,7 @@ use crate::format::{
 use crate::space::{Purpose, Space};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,6 +111,12 @@ pub struct Volume {
     commit_signal: (Mutex<u64>, Condvar),
     pending_bytes_max: u64,
     stop_committer: AtomicBool,
+    /// Bytes of the frozen group not yet given space by its commit. Space checks count
+    /// these, not the whole frozen group, so data being written out is not counted twice
+    /// (once as pending, once as allocated).
+    frozen_unallocated: AtomicU64,
+    /// Whether a background committer runs; without one, writers over budget commit inline.
+    committer_running: AtomicBool,
 }
 
 /// What one reblock step did.
@@ -290,6 +296,8 @@ impl Volume {
             commit_signal: (Mutex::new(0), Condvar::new()),
             pending_bytes_max,
             stop_committer: AtomicBool::new(false),
+            frozen_unallocated: AtomicU64::new(0),
+            committer_running: AtomicBool::new(false),
         });
         let replayed = volume.replay_log()?;
         if replayed > 0 && !volume.is_read_only() {
@@ -411,7 +419,7 @@ impl Volume {
             next_obj: st.next_obj,
             live_objects: st.live_objects,
             pending_bytes: st.active.pending_bytes
-                + st.frozen.as_ref().map_or(0, |f| f.pending_bytes),
+                + self.frozen_unallocated.load(Ordering::Acquire),
             cache_bytes: self.cache.memory_bytes() as u64,
             label: String::from_utf8_lossy(&sb.label[..label_end]).into_owned(),
             volume_id: sb.volume_id,
@@ -577,6 +585,12 @@ impl Volume {
             if pending <= self.pending_bytes_max {
                 return;
             }
+            if !self.committer_running.load(Ordering::Acquire) {
+                if let Err(e) = self.commit() {
+                    log::error!("commit under memory pressure failed: {e}");
+                }
+                return;
+            }
             self.wake_committer();
             let mut generation = self.commit_signal.0.lock();
             let seen = *generation;
@@ -597,7 +611,7 @@ impl Volume {
     pub fn check_space(&self, new_bytes: u64) -> Result<()> {
         let pending = {
             let st = self.state.lock();
-            st.active.pending_bytes + st.frozen.as_ref().map_or(0, |f| f.pending_bytes)
+            st.active.pending_bytes + self.frozen_unallocated.load(Ordering::Acquire)
         };
         // Pending bytes also bound the node space a commit needs (~64 bytes per change,
         // counted in `pending_bytes`, copied up the tree).
@@ -619,6 +633,7 @@ impl Volume {
     /// pressure. Stops when `stop_committer` is called.
     pub fn start_committer(self: &Arc<Self>, interval: Duration) -> std::thread::JoinHandle<()> {
         let volume = self.clone();
+        self.committer_running.store(true, Ordering::Release);
         std::thread::Builder::new()
             .name("anvil-commit".into())
             .spawn(move || {
@@ -647,6 +662,7 @@ impl Volume {
     }
 
     pub fn stop_committer(&self) {
+        self.committer_running.store(false, Ordering::Release);
         self.stop_committer.store(true, Ordering::Release);
         self.wake_committer();
     }
@@ -668,6 +684,8 @@ impl Volume {
             }
             let tid = st.active.tid;
             let overlay = std::mem::replace(&mut st.active, Overlay::new(tid + 1));
+            self.frozen_unallocated
+                .store(overlay.pending_bytes, Ordering::Release);
             let frozen = Arc::new(overlay);
             st.frozen = Some(frozen.clone());
             let mut sb = st.superblock.clone();
@@ -687,6 +705,7 @@ impl Volume {
                         space: self.space.clone(),
                     });
                     st.frozen = None;
+                    self.frozen_unallocated.store(0, Ordering::Release);
                     st.superblock = sb;
                 }
                 drop(old_root);
@@ -794,6 +813,12 @@ impl Volume {
             let bytes = stored.bytes();
             let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
             let offset = self.space.allocate(allocated, Purpose::Metadata)?;
+            let counted = stored.logical_bytes() as u64 + 64;
+            let _ =
+                self.frozen_unallocated
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                        Some(v.saturating_sub(counted))
+                    });
             let extent = ExtentRef {
                 offset,
                 stored_bytes: bytes.len() as u32,
