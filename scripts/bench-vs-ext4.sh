@@ -76,6 +76,7 @@ bench() {
 make_image() {
     if [[ "${BENCH_PREALLOCATE:-1}" == 1 ]]; then
         head -c "$SIZE" /dev/zero > "$1"
+        sync "$1"
     else
         truncate -s "$SIZE" "$1"
     fi
