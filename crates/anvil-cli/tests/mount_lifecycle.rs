@@ -9,26 +9,6 @@ use std::time::{Duration, Instant};
 
 const ANVIL: &str = env!("CARGO_BIN_EXE_anvil");
 
-fn daemon_pid(image: &std::path::Path) -> Option<i32> {
-    let needle = image.to_str()?.to_string();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if args.iter().any(|a| a == "mount") && args.iter().any(|a| a == &needle) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
 #[test]
 fn second_mount_refused_and_sigterm_commits() {
     if !common::fuse_or_skip("second_mount_refused_and_sigterm_commits") {
@@ -69,11 +49,11 @@ fn second_mount_refused_and_sigterm_commits() {
     assert!(info.contains("\"objects\":2"), "{info}");
 
     std::fs::write(mount.path().join("late"), b"written just before SIGTERM").unwrap();
-    let pid = daemon_pid(mount.image()).expect("daemon process");
+    let pid = common::daemon_pid(mount.image()).expect("daemon process");
     // SAFETY: sending a signal to the daemon this test started.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let started = Instant::now();
-    while common::is_mount_point(mount.path()) || daemon_pid(mount.image()).is_some() {
+    while common::is_mount_point(mount.path()) || common::daemon_pid(mount.image()).is_some() {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "daemon did not stop on SIGTERM"

@@ -500,3 +500,24 @@ fn tail(text: &str, max: usize) -> &str {
     }
     &text[start..]
 }
+
+/// The pid of the `anvil mount` daemon serving `image`, if one runs.
+pub fn daemon_pid(image: &std::path::Path) -> Option<i32> {
+    let needle = image.to_str()?.to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "mount") && args.iter().any(|a| a == &needle) {
+            return Some(pid);
+        }
+    }
+    None
+}

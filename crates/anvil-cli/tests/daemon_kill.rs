@@ -1,0 +1,112 @@
+//! kill -9 of the daemon at seeded random moments while a writer creates and fsyncs files:
+//! after every kill the volume checks clean and mounts again, and every file whose fsync
+//! returned before the kill is there with exactly its contents.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn contents(name: u64) -> Vec<u8> {
+    let mut x = name.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let len = 1000 + (name % 7) as usize * 30_000;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn fsynced_files_survive_kill_dash_nine() {
+    if !common::fuse_or_skip("fsynced_files_survive_kill_dash_nine") {
+        return;
+    }
+    let seed: u64 = std::env::var("ANVIL_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
+    let rounds: u64 = std::env::var("ANVIL_KILL_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    eprintln!(
+        "daemon kill test: seed {seed}, {rounds} rounds (ANVIL_KILL_SEED, ANVIL_KILL_ROUNDS)"
+    );
+    let mut mount = common::Mount::new();
+    let durable: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let mut next_name = 0u64;
+    for round in 0..rounds {
+        let root = mount.path().to_path_buf();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (root, stop, durable) = (root.clone(), stop.clone(), durable.clone());
+            let first = next_name;
+            std::thread::spawn(move || {
+                let mut name = first;
+                while !stop.load(Ordering::Acquire) {
+                    let path = root.join(format!("f{name}"));
+                    let written = std::fs::File::create(&path).and_then(|mut f| {
+                        f.write_all(&contents(name))?;
+                        if name % 3 == 0 {
+                            f.sync_all()?;
+                            return Ok(true);
+                        }
+                        Ok(false)
+                    });
+                    match written {
+                        Ok(true) => {
+                            durable.lock().unwrap().insert(format!("f{name}"), name);
+                        }
+                        Ok(false) => {}
+                        Err(_) => break, // the daemon is gone
+                    }
+                    name += 1;
+                }
+                name
+            })
+        };
+        let delay = 150 + (seed.wrapping_mul(31).wrapping_add(round * 97) % 600);
+        std::thread::sleep(Duration::from_millis(delay));
+        let pid = common::daemon_pid(mount.image()).expect("daemon running");
+        // SAFETY: killing the daemon this test started for its own image.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        stop.store(true, Ordering::Release);
+        next_name = writer.join().unwrap() + 1;
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&root)
+            .status();
+        for _ in 0..100 {
+            if common::daemon_pid(mount.image()).is_none() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let check = mount.check();
+        assert!(
+            check.status.success(),
+            "round {round}: volume not clean after kill: {check}"
+        );
+        mount.mount_again();
+        for (file, name) in durable.lock().unwrap().iter() {
+            let got = std::fs::read(mount.path().join(file))
+                .unwrap_or_else(|e| panic!("round {round}: fsync'd {file} lost: {e}"));
+            assert!(
+                got == contents(*name),
+                "round {round}: fsync'd {file} differs"
+            );
+        }
+        eprintln!(
+            "round {round}: killed after {delay} ms, {} fsync'd files verified",
+            durable.lock().unwrap().len()
+        );
+    }
+    mount.unmount();
+}
