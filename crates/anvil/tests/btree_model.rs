@@ -162,7 +162,11 @@ fn run_ops(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    // ANVIL_MODEL_CASES raises the case count for long runs.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("ANVIL_MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24),
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn tree_matches_model(ops in prop::collection::vec(op(), 1..1500)) {
         run_ops(ops);
