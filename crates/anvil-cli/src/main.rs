@@ -2,6 +2,7 @@
 
 mod history;
 mod mount;
+mod replay;
 
 use anvil::device::{Device, FileDevice};
 use anvil::volume::Volume;
@@ -55,6 +56,19 @@ enum Command {
         /// snapshot label.
         #[arg(long)]
         as_of: Option<String>,
+        /// Record every device write and flush to this file, for `anvil replay-check`.
+        #[arg(long)]
+        device_log: Option<PathBuf>,
+    },
+    /// Replay a device log onto a copy of the image as it was at mount, and check the volume
+    /// at every flush point; exit 0 only when every point is clean.
+    ReplayCheck {
+        /// A copy of the image taken before the mount that wrote the log.
+        base: PathBuf,
+        log: PathBuf,
+        /// Check every Nth flush point (default: every one).
+        #[arg(long, default_value_t = 1)]
+        every: u64,
     },
     /// Show size, usage, object counts, current TID and last commit time.
     Info {
@@ -186,6 +200,7 @@ fn main() -> ExitCode {
             foreground,
             log,
             as_of,
+            device_log,
         } => mount::run(
             &image,
             &dir,
@@ -193,7 +208,9 @@ fn main() -> ExitCode {
             foreground,
             log.as_deref(),
             as_of.as_deref(),
+            device_log.as_deref(),
         ),
+        Command::ReplayCheck { base, log, every } => replay::replay_check(&base, &log, every),
         Command::Info { target, json } => info(&target, json),
         Command::Check { image, json } => check(&image, json),
         Command::Synctid { dir } => mount::synctid(&dir).map(|tid| {

@@ -27,6 +27,7 @@ struct Config {
     threads: usize,
     writeback: bool,
     as_of: Option<String>,
+    device_log: Option<std::path::PathBuf>,
 }
 
 fn parse_options(options: &[String]) -> Result<Config, String> {
@@ -37,6 +38,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         threads,
         writeback: false,
         as_of: None,
+        device_log: None,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -80,12 +82,14 @@ pub fn run(
     foreground: bool,
     log: Option<&Path>,
     as_of: Option<&str>,
+    device_log: Option<&Path>,
 ) -> Result<u8, String> {
     let mut config = parse_options(options)?;
     if let Some(spec) = as_of {
         config.mount.read_only = true;
         config.as_of = Some(spec.to_string());
     }
+    config.device_log = device_log.map(Path::to_path_buf);
     if !dir.is_dir() {
         return Err(format!("mount point {} is not a directory", dir.display()));
     }
@@ -190,7 +194,14 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
         return startup_error(format!("{} is already mounted or in use", image.display()));
     }
     let read_only = config.mount.read_only;
-    let fs = match Filesystem::open(Arc::new(device), config.mount) {
+    let device: Arc<dyn anvil::device::Device> = match &config.device_log {
+        None => Arc::new(device),
+        Some(path) => match File::create(path) {
+            Ok(file) => Arc::new(anvil::device::LogDevice::new(Arc::new(device), file)),
+            Err(e) => return startup_error(format!("cannot create {}: {e}", path.display())),
+        },
+    };
+    let fs = match Filesystem::open(device, config.mount) {
         Ok(fs) => Arc::new(fs),
         Err(e) => return startup_error(format!("{}: {e}", image.display())),
     };

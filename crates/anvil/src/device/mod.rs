@@ -6,11 +6,13 @@
 mod crash;
 mod fault;
 mod file;
+mod log;
 mod memory;
 
 pub use crash::{CrashDevice, CrashMode};
 pub use fault::{Fault, FaultDevice};
 pub use file::FileDevice;
+pub use log::{LogDevice, LogReader, LogRecord};
 pub use memory::MemDevice;
 
 use std::io;
