@@ -62,3 +62,52 @@ fn fills_to_the_reserve_then_recovers_through_prune() {
     fs.sync().unwrap();
     assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
 }
+
+#[test]
+fn fills_with_metadata_then_deletes_and_creates_again() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 16 << 20, "meta").unwrap();
+    let options = MountOptions {
+        cache_bytes: 32 << 20,
+        commit_interval_ms: 60_000,
+        ..Default::default()
+    };
+    let fs = Filesystem::open(device as Arc<dyn Device>, options).unwrap();
+    let dir = fs.mkdir_path("/many").unwrap();
+    let mut created = 0u32;
+    let error = loop {
+        let name = format!("file-with-a-longish-name-{created:08}");
+        match fs.mknod(anvil::fs::Caller::ROOT, dir, name.as_bytes(), 0o100644, 0) {
+            Ok(_) => created += 1,
+            Err(e) => break e,
+        }
+        assert!(created < 1_000_000, "never ran out of space");
+    };
+    assert!(matches!(error, Error::NoSpace), "{error:?}");
+    assert!(created > 1000, "only {created} files fit");
+    fs.sync().unwrap();
+    assert!(
+        !fs.volume().is_read_only(),
+        "filling with metadata must not break commits"
+    );
+    // Deleting works from the reserve; with history on it frees space only after prune.
+    for i in 0..created / 2 {
+        fs.unlink(dir, format!("file-with-a-longish-name-{i:08}").as_bytes())
+            .unwrap();
+    }
+    fs.sync().unwrap();
+    fs.prune(None, true).unwrap();
+    for i in 0..100 {
+        fs.mknod(
+            anvil::fs::Caller::ROOT,
+            dir,
+            format!("again-{i}").as_bytes(),
+            0o100644,
+            0,
+        )
+        .unwrap();
+    }
+    fs.sync().unwrap();
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
