@@ -10,6 +10,7 @@
 use super::Filesystem;
 use crate::error::{Error, Result};
 use crate::format::record::{rtype, Key, LogicalKey, Payload, Timestamp, VOLUME_OBJ};
+use crate::format::NODE_BYTES;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
@@ -231,9 +232,20 @@ impl Filesystem {
                 .into_iter()
                 .filter(|k| !needed_tids.contains(&k.key)),
         );
-        for batch in doomed.chunks(REMOVALS_PER_COMMIT) {
-            self.volume.schedule_removals(batch.iter().copied())?;
+        // Removals free space only once committed, but every leaf they touch needs a new
+        // node first, and history keys (directory entries above all) spread over many
+        // leaves: size each batch for one new leaf and its ancestors per removal, growing
+        // as earlier batches free space.
+        let mut rest = doomed.as_slice();
+        while !rest.is_empty() {
+            let node_room = self.volume.node_budget_bytes() / (4 * NODE_BYTES as u64);
+            let batch = (node_room as usize)
+                .clamp(1, REMOVALS_PER_COMMIT)
+                .min(rest.len());
+            let (now, later) = rest.split_at(batch);
+            self.volume.schedule_removals(now.iter().copied())?;
             self.sync()?;
+            rest = later;
         }
         Ok(report)
     }

@@ -82,6 +82,10 @@ impl Filesystem {
             report.damaged += step.damaged;
             done += step.bytes_moved.min(total.saturating_sub(done));
             progress(done.min(total), total);
+            if step.bytes_moved == 0 && step.next.is_some() && step.next == Some(cursor) {
+                // No room to move anything: stop here and resume later.
+                break;
+            }
             match step.next {
                 None => {
                     report.finished = true;

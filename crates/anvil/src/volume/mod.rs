@@ -432,6 +432,9 @@ impl Volume {
         if write && self.is_read_only() {
             return Err(Error::ReadOnly);
         }
+        if write {
+            self.metadata_floor()?;
+        }
         let mut pinned_nodes: HashMap<u64, Arc<Node>> = HashMap::new();
         let mut pinned_extents: HashMap<ExtentRef, Arc<Vec<u8>>> = HashMap::new();
         // Pins are only valid for the root they were read under; holding that root keeps
@@ -452,6 +455,11 @@ impl Volume {
                 match op(&mut tx) {
                     Ok(value) => {
                         tx.finish();
+                        let pending_entries = st.active.map.len() + st.active.prune.len();
+                        drop(st);
+                        if write {
+                            self.commit_if_tight(pending_entries);
+                        }
                         return Ok(value);
                     }
                     Err(Stop::Fail(e)) => return Err(e),
@@ -473,6 +481,46 @@ impl Volume {
                 }
             }
         }
+    }
+
+    /// Changes stop with ENOSPC once free space falls below half the reserve: the rest is
+    /// kept for commits (copy-on-write needs new nodes even for deletes, which with history
+    /// on add versions) and for prune, which is how a full volume gets space back.
+    fn metadata_floor(&self) -> Result<()> {
+        let floor = self.space.reserve_bytes() / 2;
+        if self.space.free_bytes() >= floor {
+            return Ok(());
+        }
+        // Space freed by the last commits may be waiting for it.
+        let _ = self.commit();
+        if self.space.free_bytes() >= floor {
+            return Ok(());
+        }
+        log::warn!(
+            "volume full: {} bytes free; deletes keep history until `anvil prune` frees it",
+            self.space.free_bytes()
+        );
+        Err(Error::NoSpace)
+    }
+
+    /// When free space runs low, commits before the pending group grows past what its
+    /// copy-on-write can be given: every changed leaf (and its ancestors) needs a new node
+    /// until the commit is durable, even when the change frees space. Small groups near a
+    /// full volume keep deletes and prune working from the reserve.
+    fn commit_if_tight(&self, pending_entries: usize) {
+        let needed = (pending_entries as u64 + 8) * 2 * NODE_BYTES as u64;
+        if self.space.free_bytes() >= self.space.reserve_bytes() + needed {
+            return;
+        }
+        if let Err(e) = self.commit() {
+            log::error!("commit on a nearly full volume failed: {e}");
+        }
+    }
+
+    /// Copy-on-write node space the next commit can count on (free space above what a
+    /// commit of `pending` entries needs), for sizing maintenance batches.
+    pub fn node_budget_bytes(&self) -> u64 {
+        self.space.free_bytes()
     }
 
     /// Reads and verifies several extents, merging neighbours on the device into single
@@ -926,6 +974,8 @@ impl Volume {
             return Err(Error::ReadOnly);
         }
         let _cursor = self.commit_lock.lock();
+        // Moving data needs room for the copy until the step is durable.
+        let budget_bytes = budget_bytes.min(self.space.free_bytes() / 4);
         let old_root = self.root();
         let loader = self.loader();
         let mut batch: Vec<(Key, ExtentRef)> = Vec::new();
