@@ -195,38 +195,28 @@ impl Filesystem {
         };
         // One pass over the committed tree: history elements no kept point sees go, and
         // so do commit-time records nobody needs any more.
-        let root = self.volume.root();
-        let loader = self.volume.loader();
         let mut doomed: Vec<Key> = Vec::new();
         let mut needed_tids: HashSet<u64> = kept.iter().copied().collect();
         let mut commit_records: Vec<Key> = Vec::new();
-        let walk = crate::btree::range(
-            &loader,
-            root.root,
-            &Key::MIN,
-            &crate::volume::max_key(),
-            &mut |e| {
-                if e.key.obj == VOLUME_OBJ && e.key.rtype == rtype::COMMIT {
-                    commit_records.push(e.key);
-                    return true;
+        self.volume.scan(&mut |e| {
+            if e.key.obj == VOLUME_OBJ && e.key.rtype == rtype::COMMIT {
+                commit_records.push(e.key);
+                return true;
+            }
+            if e.delete_tid != 0 && !is_kept(e.key.create_tid, e.delete_tid) {
+                report.elements_removed += 1;
+                if let Payload::Extent(extent) = &e.payload {
+                    report.extent_bytes_freed += extent.allocated_bytes();
                 }
-                if e.delete_tid != 0 && !is_kept(e.key.create_tid, e.delete_tid) {
-                    report.elements_removed += 1;
-                    if let Payload::Extent(extent) = &e.payload {
-                        report.extent_bytes_freed += extent.allocated_bytes();
-                    }
-                    doomed.push(e.key);
-                } else {
-                    needed_tids.insert(e.key.create_tid);
-                    if e.delete_tid != 0 {
-                        needed_tids.insert(e.delete_tid);
-                    }
+                doomed.push(e.key);
+            } else {
+                needed_tids.insert(e.key.create_tid);
+                if e.delete_tid != 0 {
+                    needed_tids.insert(e.delete_tid);
                 }
-                true
-            },
-        );
-        crate::btree::loaded(walk)?;
-        drop(root);
+            }
+            true
+        })?;
         doomed.extend(
             commit_records
                 .into_iter()
@@ -252,33 +242,21 @@ impl Filesystem {
 
     /// Bytes of live data, history-only data and tree nodes (a full scan of the tree).
     pub fn space_split(&self) -> Result<SpaceSplit> {
-        let root = self.volume.root();
-        let loader = self.volume.loader();
         let mut split = SpaceSplit::default();
-        let mut elements = 0u64;
-        let walk = crate::btree::range(
-            &loader,
-            root.root,
-            &Key::MIN,
-            &crate::volume::max_key(),
-            &mut |e| {
-                elements += 1;
-                if e.key.obj == VOLUME_OBJ {
-                    return true; // volume metadata (commit times, snapshots): counted as tree
-                }
-                if e.delete_tid == 0 {
-                    split.live_bytes += element_bytes(&e.payload);
-                } else {
-                    split.history_bytes += element_bytes(&e.payload);
-                }
-                true
-            },
-        );
-        crate::btree::loaded(walk)?;
+        self.volume.scan(&mut |e| {
+            if e.key.obj == VOLUME_OBJ {
+                return true; // volume metadata (commit times, snapshots): counted as tree
+            }
+            if e.delete_tid == 0 {
+                split.live_bytes += element_bytes(&e.payload);
+            } else {
+                split.history_bytes += element_bytes(&e.payload);
+            }
+            true
+        })?;
         let usage = self.volume.usage();
         let data = split.live_bytes + split.history_bytes;
         split.tree_bytes = usage.used_bytes.saturating_sub(data);
-        let _ = elements;
         Ok(split)
     }
 }
