@@ -8,8 +8,7 @@
 //! * `anvil-bench compare BASE.json CAND.json` prints the candidate/baseline
 //!   ratio of each metric of two `quick --json` reports.
 
-mod quick;
-mod report;
+use anvil_bench::{quick, report};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

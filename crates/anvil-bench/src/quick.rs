@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use crate::error::{fail, BenchError, Context, Result};
 use crate::report::{self, Metric, Params, Report};
 
 const MIB: usize = 1 << 20;
@@ -53,35 +54,6 @@ pub struct QuickArgs {
     /// from /proc/self/mounts, e.g. "ext4" or "fuse.anvil").
     #[arg(long)]
     label: Option<String>,
-}
-
-/// Error with the operation and path that failed.
-#[derive(Debug)]
-pub struct BenchError(String);
-
-impl std::fmt::Display for BenchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BenchError {}
-
-pub type Result<T> = std::result::Result<T, BenchError>;
-
-pub fn fail<T>(msg: impl Into<String>) -> Result<T> {
-    Err(BenchError(msg.into()))
-}
-
-/// Adds "what was being done" to an I/O error.
-pub trait Context<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T>;
-}
-
-impl<T> Context<T> for io::Result<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|err| BenchError(format!("{}: {err}", what())))
-    }
 }
 
 pub fn run(args: &QuickArgs) -> Result<()> {

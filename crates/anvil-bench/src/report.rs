@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::quick::{fail, Context, Result};
+use crate::error::{fail, Context, Result};
 
 /// Parameters of a `quick` run, as given on the command line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

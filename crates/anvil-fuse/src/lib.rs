@@ -28,6 +28,10 @@ pub use fuser;
 pub const INFO_XATTR: &str = "trusted.anvil.info";
 /// Writing any value to this attribute on the root commits now (like `sync`).
 pub const SYNC_XATTR: &str = "trusted.anvil.sync";
+/// Writing anything to this attribute on the root commits, then empties the daemon's node
+/// cache, so that the next reads go to the device (for benchmarks; the kernel's caches are
+/// dropped separately through /proc/sys/vm/drop_caches).
+pub const DROPCACHE_XATTR: &str = "trusted.anvil.dropcache";
 /// Writing a label (possibly empty) to this attribute on the root takes a snapshot.
 pub const SNAPSHOT_XATTR: &str = "trusted.anvil.snapshot";
 /// Writing a TID or label to this attribute on the root removes that snapshot.
@@ -773,6 +777,15 @@ impl fuser::Filesystem for AnvilFuse {
             if ino.0 == 1 && name == SYNC_XATTR {
                 return match self.fs.sync() {
                     Ok(_) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
+            if ino.0 == 1 && name == DROPCACHE_XATTR {
+                return match self.fs.sync() {
+                    Ok(_) => {
+                        self.fs.volume().drop_caches();
+                        reply.ok()
+                    }
                     Err(e) => reply.error(errno(&e)),
                 };
             }

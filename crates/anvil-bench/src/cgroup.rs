@@ -1,0 +1,130 @@
+//! A memory cgroup that the benchmark process joins, so that everything it
+//! runs afterwards — the workload, gcc, rsync, the anvil and zfs-fuse daemons
+//! — shares one memory limit, page cache included ("system caches blown
+//! out"). cgroup v1 (`memory.limit_in_bytes`) and v2 (`memory.max`) are both
+//! handled; the group is removed when dropped.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::error::{fail, Context, Result};
+
+const V1_ROOT: &str = "/sys/fs/cgroup/memory";
+const V2_ROOT: &str = "/sys/fs/cgroup";
+
+/// The cgroup version in use for memory, or None when there is no memory controller.
+pub fn memory_controller() -> Option<&'static str> {
+    if Path::new(V1_ROOT).join("memory.limit_in_bytes").exists() {
+        Some("v1")
+    } else if fs::read_to_string(Path::new(V2_ROOT).join("cgroup.controllers"))
+        .map(|c| c.split_whitespace().any(|x| x == "memory"))
+        .unwrap_or(false)
+    {
+        Some("v2")
+    } else {
+        None
+    }
+}
+
+pub struct MemCgroup {
+    path: PathBuf,
+    v1: bool,
+    /// Where this process was before joining.
+    origin: PathBuf,
+}
+
+impl MemCgroup {
+    /// Creates a child cgroup limited to `limit` bytes and moves this process into it.
+    pub fn join_new(limit: u64) -> Result<MemCgroup> {
+        let version = match memory_controller() {
+            Some(v) => v,
+            None => return fail("--mem-limit needs a cgroup memory controller; none is mounted"),
+        };
+        let v1 = version == "v1";
+        let root = Path::new(if v1 { V1_ROOT } else { V2_ROOT });
+        let origin = own_cgroup(root, v1)?;
+        let path = root.join(format!("anvil-bench-{}", std::process::id()));
+        if !v1 {
+            // Delegate the memory controller to children of the root.
+            let _ = fs::write(root.join("cgroup.subtree_control"), "+memory");
+        }
+        fs::create_dir(&path).ctx(|| format!("create cgroup {}", path.display()))?;
+        let group = MemCgroup { path, v1, origin };
+        let file = if v1 {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        };
+        fs::write(group.path.join(file), limit.to_string())
+            .ctx(|| format!("set {}/{file}", group.path.display()))?;
+        if !v1 {
+            // Without swap limits the cgroup would swap instead of dropping caches.
+            let _ = fs::write(group.path.join("memory.swap.max"), "0");
+        }
+        fs::write(
+            group.path.join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .ctx(|| format!("join cgroup {}", group.path.display()))?;
+        Ok(group)
+    }
+
+    pub fn version(&self) -> &'static str {
+        if self.v1 {
+            "v1"
+        } else {
+            "v2"
+        }
+    }
+
+    /// Highest memory use of the group so far, if the kernel reports it.
+    pub fn peak_bytes(&self) -> Option<u64> {
+        let file = if self.v1 {
+            "memory.max_usage_in_bytes"
+        } else {
+            "memory.peak"
+        };
+        fs::read_to_string(self.path.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+/// The cgroup directory this process is in, under `root`.
+fn own_cgroup(root: &Path, v1: bool) -> Result<PathBuf> {
+    let text = fs::read_to_string("/proc/self/cgroup").ctx(|| "read /proc/self/cgroup".into())?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(controllers), Some(path)) = (controllers, path) else {
+            continue;
+        };
+        let matches = if v1 {
+            controllers.split(',').any(|c| c == "memory")
+        } else {
+            controllers.is_empty()
+        };
+        if matches {
+            return Ok(root.join(path.trim_start_matches('/')));
+        }
+    }
+    Ok(root.to_path_buf())
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        let _ = fs::write(
+            self.origin.join("cgroup.procs"),
+            std::process::id().to_string(),
+        );
+        // Children (daemons that outlived their run) keep the group busy; move them too.
+        if let Ok(procs) = fs::read_to_string(self.path.join("cgroup.procs")) {
+            for pid in procs.lines() {
+                let _ = fs::write(self.origin.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = fs::remove_dir(&self.path);
+    }
+}

@@ -1,0 +1,788 @@
+//! Targets: the file systems a workload runs on. Each kernel file system,
+//! zfs-fuse and anvil gets its own loop device over a fresh sparse file of the
+//! same size, made and mounted before a run and torn down after it, so every
+//! target starts empty and its device I/O can be counted in `/sys/block`.
+//! `--dir PATH` targets run in a fresh subdirectory of a mounted directory.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anvil::fs::Caller;
+use anvil::{Filesystem, MountOptions};
+
+use crate::env::{IoCounters, Probe};
+use crate::error::{fail, BenchError, Context, Result};
+use crate::results::FsInfo;
+use crate::vfs::{AnvilVfs, PosixVfs, Vfs};
+
+/// Names accepted by `--fs`.
+pub const FS_NAMES: &[&str] = &[
+    "anvil",
+    "anvil-lib",
+    "ext4",
+    "xfs",
+    "btrfs",
+    "btrfs-zstd",
+    "zfs-fuse",
+    "tmpfs",
+];
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Ext4,
+    Xfs,
+    Btrfs,
+    BtrfsZstd,
+    ZfsFuse,
+    Anvil,
+    AnvilLib,
+    Tmpfs,
+    Dir(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetSpec {
+    pub label: String,
+    pub kind: Kind,
+}
+
+impl TargetSpec {
+    /// Whether the harness makes (and so needs root for) this target.
+    pub fn needs_root(&self) -> bool {
+        !matches!(self.kind, Kind::Dir(_))
+    }
+}
+
+/// Parses `--fs a,b,c` and `--dir PATH...` into targets, in that order.
+pub fn parse_targets(fs_list: Option<&str>, dirs: &[PathBuf]) -> Result<Vec<TargetSpec>> {
+    let mut out = Vec::new();
+    for name in fs_list
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let kind = match name {
+            "ext4" => Kind::Ext4,
+            "xfs" => Kind::Xfs,
+            "btrfs" => Kind::Btrfs,
+            "btrfs-zstd" => Kind::BtrfsZstd,
+            "zfs-fuse" | "zfs" => Kind::ZfsFuse,
+            "anvil" => Kind::Anvil,
+            "anvil-lib" => Kind::AnvilLib,
+            "tmpfs" => Kind::Tmpfs,
+            _ => {
+                return fail(format!(
+                    "unknown file system '{name}' in --fs (known: {})",
+                    FS_NAMES.join(", ")
+                ))
+            }
+        };
+        let label = if kind == Kind::ZfsFuse {
+            "zfs-fuse"
+        } else {
+            name
+        };
+        if out.iter().any(|t: &TargetSpec| t.label == label) {
+            return fail(format!("--fs lists '{name}' twice"));
+        }
+        out.push(TargetSpec {
+            label: label.to_string(),
+            kind,
+        });
+    }
+    for dir in dirs {
+        let meta = fs::metadata(dir).ctx(|| format!("--dir {}", dir.display()))?;
+        if !meta.is_dir() {
+            return fail(format!("--dir {} is not a directory", dir.display()));
+        }
+        let dir = fs::canonicalize(dir).ctx(|| format!("--dir {}", dir.display()))?;
+        let mut label = format!(
+            "{}:{}",
+            fs_type_of(&dir).unwrap_or_else(|| "dir".into()),
+            dir.display()
+        );
+        while out.iter().any(|t| t.label == label) {
+            label.push('\'');
+        }
+        out.push(TargetSpec {
+            label,
+            kind: Kind::Dir(dir),
+        });
+    }
+    if out.is_empty() {
+        return fail("no targets: give --fs (e.g. --fs anvil,ext4) and/or --dir PATH");
+    }
+    Ok(out)
+}
+
+/// How targets are built.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Size of every loop device.
+    pub size_bytes: u64,
+    /// Where backing files and mount points go (must not be on a file system under test).
+    pub work_dir: PathBuf,
+    /// The `anvil` binary used for mkfs and mount.
+    pub anvil_bin: PathBuf,
+    /// anvil's cache budget (`-o cache=`), if not the default.
+    pub anvil_cache: Option<u64>,
+    /// Whether to drop caches (needs root).
+    pub drop_caches: bool,
+}
+
+/// A made and mounted target, ready for one run.
+pub struct Target {
+    pub spec: TargetSpec,
+    pub info: FsInfo,
+    drop: bool,
+    /// Mount point (or the `--dir` directory).
+    mount: Option<PathBuf>,
+    /// Directory this run works in.
+    workdir: Option<PathBuf>,
+    loop_dev: Option<String>,
+    backing: Option<PathBuf>,
+    daemon: Option<Child>,
+    lib: Option<Arc<Filesystem>>,
+    lib_root: u64,
+    zfs_pool: Option<String>,
+    zfs_datasets: std::sync::Mutex<Vec<String>>,
+    started_zfs_daemon: bool,
+}
+
+fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .ctx(|| format!("run {shown}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let err = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return fail(format!("{shown} failed ({}): {}", out.status, err.trim()));
+    }
+    Ok(())
+}
+
+fn output_of(cmd: &mut Command) -> Result<String> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .ctx(|| format!("run {shown}"))?;
+    if !out.status.success() {
+        return fail(format!(
+            "{shown} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn have(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+        .unwrap_or(false)
+}
+
+fn need(cmd: &str, package: &str) -> Result<()> {
+    if have(cmd) {
+        Ok(())
+    } else {
+        fail(format!(
+            "{cmd} not found; install {package} (scripts/setup.sh does)"
+        ))
+    }
+}
+
+fn is_mountpoint(path: &Path) -> bool {
+    let Ok(text) = fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .any(|m| unescape(m) == want)
+}
+
+fn unescape(field: &str) -> String {
+    field
+        .replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// File-system type of the mount holding `dir`, from /proc/self/mounts.
+pub fn fs_type_of(dir: &Path) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/mounts").ok()?;
+    let dir = dir.to_string_lossy();
+    let mut best: Option<(usize, String)> = None;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() < 3 {
+            continue;
+        }
+        let m = unescape(f[1]);
+        let inside = dir == m.as_str()
+            || m == "/"
+            || dir.starts_with(&format!("{}/", m.trim_end_matches('/')));
+        if inside && best.as_ref().is_none_or(|(len, _)| m.len() >= *len) {
+            best = Some((m.len(), f[2].to_string()));
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
+/// Block device name (as in /sys/class/block) holding `dir`, if any.
+fn device_of(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let link = fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    Some(link.file_name()?.to_string_lossy().into_owned())
+}
+
+fn statvfs_used(dir: &Path) -> Result<u64> {
+    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| BenchError("bad path".into()))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: valid path and output buffer.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error()).ctx(|| format!("statvfs {}", dir.display()));
+    }
+    // SAFETY: statvfs succeeded.
+    let st = unsafe { st.assume_init() };
+    Ok((st.f_blocks - st.f_bfree) * st.f_frsize)
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| BenchError("bad path".into()))?;
+    let n = CString::new(name).map_err(|_| BenchError("bad name".into()))?;
+    // SAFETY: valid strings and buffer.
+    let ret = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error())
+            .ctx(|| format!("setxattr {name} on {}", path.display()));
+    }
+    Ok(())
+}
+
+fn drop_kernel_caches() -> Result<()> {
+    // SAFETY: sync(2) has no arguments.
+    unsafe { libc::sync() };
+    fs::write("/proc/sys/vm/drop_caches", "3").ctx(|| "write /proc/sys/vm/drop_caches".into())
+}
+
+impl Target {
+    /// Makes and mounts a fresh target for run `run`.
+    pub fn setup(spec: &TargetSpec, cfg: &Config, run: u32) -> Result<Target> {
+        let mut t = Target {
+            spec: spec.clone(),
+            info: FsInfo {
+                label: spec.label.clone(),
+                size_bytes: cfg.size_bytes,
+                ..Default::default()
+            },
+            drop: cfg.drop_caches,
+            mount: None,
+            workdir: None,
+            loop_dev: None,
+            backing: None,
+            daemon: None,
+            lib: None,
+            lib_root: 0,
+            zfs_pool: None,
+            zfs_datasets: std::sync::Mutex::new(Vec::new()),
+            started_zfs_daemon: false,
+        };
+        // On failure, `t` is dropped, which undoes whatever was done.
+        t.build(cfg, run)?;
+        Ok(t)
+    }
+
+    fn build(&mut self, cfg: &Config, run: u32) -> Result<()> {
+        if let Kind::Dir(dir) = &self.spec.kind {
+            let dir = dir.clone();
+            self.info.fs_type = fs_type_of(&dir).unwrap_or_else(|| "unknown".into());
+            self.info.devices = device_of(&dir).into_iter().collect();
+            self.info.path = Some(dir.display().to_string());
+            self.info.size_bytes = 0;
+            let work = dir.join(format!("anvil-bench.{}.{run}", std::process::id()));
+            fs::create_dir(&work).ctx(|| format!("mkdir {}", work.display()))?;
+            self.workdir = Some(work);
+            self.mount = Some(dir);
+            return Ok(());
+        }
+        fs::create_dir_all(&cfg.work_dir).ctx(|| format!("mkdir {}", cfg.work_dir.display()))?;
+        let mnt = cfg.work_dir.join(format!("mnt-{}", self.spec.label));
+        fs::create_dir_all(&mnt).ctx(|| format!("mkdir {}", mnt.display()))?;
+        if is_mountpoint(&mnt) {
+            return fail(format!(
+                "{} is already mounted (left over from an earlier run?); unmount it first",
+                mnt.display()
+            ));
+        }
+        if self.spec.kind == Kind::Tmpfs {
+            run_cmd(
+                Command::new("mount")
+                    .args(["-t", "tmpfs", "-o"])
+                    .arg(format!("size={}", cfg.size_bytes))
+                    .arg("tmpfs")
+                    .arg(&mnt),
+            )?;
+            self.info.fs_type = "tmpfs".into();
+            self.info.mount_opts = Some(format!("size={}", cfg.size_bytes));
+            return self.finish_mount(mnt);
+        }
+
+        let backing = cfg.work_dir.join(format!("{}.img", self.spec.label));
+        let _ = fs::remove_file(&backing);
+        let f = fs::File::create(&backing).ctx(|| format!("create {}", backing.display()))?;
+        f.set_len(cfg.size_bytes)
+            .ctx(|| format!("size {}", backing.display()))?;
+        drop(f);
+        self.backing = Some(backing.clone());
+        need("losetup", "mount")?;
+        let dev = output_of(
+            Command::new("losetup")
+                .args(["--direct-io=on", "--find", "--show"])
+                .arg(&backing),
+        )?;
+        let dev_name = dev.trim_start_matches("/dev/").to_string();
+        self.loop_dev = Some(dev.clone());
+        self.info.devices = vec![dev_name];
+        self.info.path = Some(mnt.display().to_string());
+
+        let mkfs_mount = |fs_type: &str, mkfs: &str, args: &[&str], opts: Option<&str>| {
+            (
+                fs_type.to_string(),
+                format!("{mkfs} {} {dev}", args.join(" ")),
+                opts.map(str::to_string),
+            )
+        };
+        let (fs_type, mkfs, opts) = match &self.spec.kind {
+            Kind::Ext4 => mkfs_mount("ext4", "mkfs.ext4", &["-q", "-F"], None),
+            Kind::Xfs => mkfs_mount("xfs", "mkfs.xfs", &["-q", "-f"], None),
+            Kind::Btrfs => mkfs_mount("btrfs", "mkfs.btrfs", &["-q", "-f"], None),
+            Kind::BtrfsZstd => {
+                mkfs_mount("btrfs", "mkfs.btrfs", &["-q", "-f"], Some("compress=zstd"))
+            }
+            Kind::ZfsFuse => return self.build_zfs(&dev, mnt),
+            Kind::Anvil | Kind::AnvilLib => return self.build_anvil(cfg, &dev, mnt),
+            Kind::Tmpfs | Kind::Dir(_) => unreachable!("handled above"),
+        };
+        let mut words = mkfs.split(' ');
+        let prog = words.next().unwrap_or_default();
+        need(
+            prog,
+            if fs_type == "ext4" {
+                "e2fsprogs"
+            } else {
+                &fs_type
+            },
+        )?;
+        run_cmd(Command::new(prog).args(words))?;
+        let mut mount = Command::new("mount");
+        if let Some(o) = &opts {
+            mount.args(["-o", o]);
+        }
+        run_cmd(mount.arg(&dev).arg(&mnt))?;
+        self.info.fs_type = fs_type;
+        self.info.mkfs = Some(mkfs);
+        self.info.mount_opts = opts;
+        self.finish_mount(mnt)
+    }
+
+    fn finish_mount(&mut self, mnt: PathBuf) -> Result<()> {
+        let work = mnt.join("bench");
+        self.mount = Some(mnt);
+        fs::create_dir(&work).ctx(|| format!("mkdir {}", work.display()))?;
+        self.workdir = Some(work);
+        Ok(())
+    }
+
+    fn build_zfs(&mut self, dev: &str, mnt: PathBuf) -> Result<()> {
+        need("zpool", "zfs-fuse")?;
+        if Command::new("zpool")
+            .arg("list")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| !s.success())
+            .unwrap_or(true)
+        {
+            need("zfs-fuse", "zfs-fuse")?;
+            run_cmd(Command::new("zfs-fuse").args(["--pidfile", "/run/anvil-bench-zfs-fuse.pid"]))?;
+            self.started_zfs_daemon = true;
+            let t0 = Instant::now();
+            while Command::new("zpool")
+                .arg("list")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| !s.success())
+                .unwrap_or(true)
+            {
+                if t0.elapsed() > Duration::from_secs(20) {
+                    return fail("zfs-fuse did not start within 20 s");
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        let pool = format!("anvilbench{}", std::process::id());
+        run_cmd(
+            Command::new("zpool")
+                .args(["create", "-f", "-m"])
+                .arg(&mnt)
+                .arg(&pool)
+                .arg(dev),
+        )?;
+        self.zfs_pool = Some(pool.clone());
+        self.info.fs_type = "zfs".into();
+        self.info.mkfs = Some(format!("zpool create -f -m {} {pool} {dev}", mnt.display()));
+        self.finish_mount(mnt)
+    }
+
+    fn build_anvil(&mut self, cfg: &Config, dev: &str, mnt: PathBuf) -> Result<()> {
+        let bin = &cfg.anvil_bin;
+        if !bin.is_file() {
+            return fail(format!("anvil binary {} not found", bin.display()));
+        }
+        run_cmd(Command::new(bin).arg("mkfs").arg(dev))?;
+        self.info.fs_type = "anvil".into();
+        self.info.mkfs = Some(format!("anvil mkfs {dev}"));
+        if self.spec.kind == Kind::AnvilLib {
+            let mut options = MountOptions::default();
+            if let Some(c) = cfg.anvil_cache {
+                options.cache_bytes = c;
+            }
+            let fs = Filesystem::open_path(Path::new(dev), options)
+                .map_err(|e| BenchError(format!("open {dev}: {e}")))?;
+            let attr = fs
+                .mkdir(Caller::ROOT, 1, b"bench", 0o755)
+                .map_err(|e| BenchError(format!("mkdir bench on {dev}: {e}")))?;
+            self.lib = Some(Arc::new(fs));
+            self.lib_root = attr.ino;
+            self.info.mount_opts = cfg.anvil_cache.map(|c| format!("cache={c}"));
+            self.info.path = None;
+            return Ok(());
+        }
+        let mut cmd = Command::new(bin);
+        cmd.arg("mount").arg(dev).arg(&mnt).arg("-f");
+        if let Some(c) = cfg.anvil_cache {
+            cmd.args(["-o", &format!("cache={c}")]);
+            self.info.mount_opts = Some(format!("cache={c}"));
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .ctx(|| format!("run {} mount", bin.display()))?;
+        self.daemon = Some(child);
+        let t0 = Instant::now();
+        while !is_mountpoint(&mnt) {
+            if let Some(child) = self.daemon.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        use std::io::Read;
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    self.daemon = None;
+                    return fail(format!(
+                        "anvil mount exited ({status}): {}",
+                        err.lines().last().unwrap_or("").trim()
+                    ));
+                }
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                return fail("anvil mount did not appear within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.finish_mount(mnt)
+    }
+
+    /// The run's working directory (None for anvil-lib).
+    pub fn workdir(&self) -> Option<&Path> {
+        self.workdir.as_deref()
+    }
+
+    /// The working directory as a [`Vfs`].
+    pub fn vfs(&self) -> Result<Box<dyn Vfs>> {
+        if let Some(fs) = &self.lib {
+            return Ok(Box::new(AnvilVfs::new(fs.clone(), self.lib_root)));
+        }
+        let dir = self.workdir.as_deref().unwrap_or(Path::new("."));
+        Ok(Box::new(
+            PosixVfs::open(dir).ctx(|| format!("open {}", dir.display()))?,
+        ))
+    }
+
+    /// Unmounts and removes everything `setup` made. Errors are reported, but
+    /// teardown goes as far as it can.
+    pub fn teardown(mut self) -> Result<()> {
+        self.undo()
+    }
+
+    fn undo(&mut self) -> Result<()> {
+        let mut first_err: Option<BenchError> = None;
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        };
+        if let Kind::Dir(_) = self.spec.kind {
+            if let Some(work) = self.workdir.take() {
+                note(fs::remove_dir_all(&work).ctx(|| format!("remove {}", work.display())));
+            }
+            self.mount = None;
+        }
+        if let Some(fs) = self.lib.take() {
+            note(
+                fs.close()
+                    .map_err(|e| BenchError(format!("close anvil volume: {e}"))),
+            );
+        }
+        for ds in self
+            .zfs_datasets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .rev()
+        {
+            let _ = Command::new("zfs").args(["destroy", "-r", &ds]).status();
+        }
+        if let Some(pool) = self.zfs_pool.take() {
+            note(run_cmd(
+                Command::new("zpool").args(["destroy", "-f", &pool]),
+            ));
+        }
+        if let Some(mnt) = self.mount.take() {
+            if is_mountpoint(&mnt) {
+                let mut ok = false;
+                for _ in 0..40 {
+                    if run_cmd(Command::new("umount").arg(&mnt)).is_ok() {
+                        ok = true;
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                if !ok {
+                    note(run_cmd(Command::new("umount").arg("-l").arg(&mnt)));
+                }
+            }
+        }
+        if let Some(mut child) = self.daemon.take() {
+            let t0 = Instant::now();
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            note(fail(format!("anvil daemon exited with {status}")));
+                        }
+                        break;
+                    }
+                    Ok(None) if t0.elapsed() < Duration::from_secs(120) => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        note(fail("anvil daemon did not exit within 120 s of umount"));
+                        break;
+                    }
+                }
+            }
+        }
+        if self.started_zfs_daemon {
+            self.started_zfs_daemon = false;
+            if let Ok(pid) = fs::read_to_string("/run/anvil-bench-zfs-fuse.pid") {
+                if let Ok(pid) = pid.trim().parse::<i32>() {
+                    // SAFETY: plain kill(2).
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                }
+            }
+        }
+        if let Some(dev) = self.loop_dev.take() {
+            let mut ok = false;
+            for _ in 0..20 {
+                if run_cmd(Command::new("losetup").args(["-d", &dev])).is_ok() {
+                    ok = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            if !ok {
+                note(fail(format!("could not detach {dev}")));
+            }
+        }
+        if let Some(b) = self.backing.take() {
+            note(fs::remove_file(&b).ctx(|| format!("remove {}", b.display())));
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn path_of(&self, rel: &str) -> Result<PathBuf> {
+        match &self.workdir {
+            Some(w) => Ok(w.join(rel)),
+            None => fail("this target has no directory"),
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.undo();
+    }
+}
+
+impl Probe for Target {
+    fn drop_caches(&self) -> Result<()> {
+        self.sync()?;
+        if let Some(fs) = &self.lib {
+            fs.volume().drop_caches();
+        }
+        if self.daemon.is_some() {
+            if let Some(mnt) = &self.mount {
+                set_xattr(mnt, "trusted.anvil.dropcache", b"1")?;
+            }
+        }
+        if self.drop {
+            drop_kernel_caches()?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        if let Some(fs) = &self.lib {
+            return fs
+                .sync()
+                .map(|_| ())
+                .map_err(|e| BenchError(format!("commit: {e}")));
+        }
+        if self.daemon.is_some() {
+            if let Some(mnt) = &self.mount {
+                return set_xattr(mnt, "trusted.anvil.sync", b"1");
+            }
+        }
+        // SAFETY: sync(2) has no arguments.
+        unsafe { libc::sync() };
+        Ok(())
+    }
+
+    fn io(&self) -> IoCounters {
+        self.info
+            .devices
+            .iter()
+            .filter_map(|d| IoCounters::of_device(d))
+            .fold(IoCounters::default(), |a, b| a.add(&b))
+    }
+
+    fn used_bytes(&self) -> Result<u64> {
+        if let Some(fs) = &self.lib {
+            let s = fs.statfs();
+            return Ok((s.blocks - s.blocks_free) * s.block_bytes as u64);
+        }
+        match &self.mount {
+            Some(m) => statvfs_used(m),
+            None => fail("target is not mounted"),
+        }
+    }
+
+    fn make_snapshot_root(&self, rel: &str) -> Result<()> {
+        if self.lib.is_some() {
+            return fail("snapshot roots need a mounted directory");
+        }
+        let path = self.path_of(rel)?;
+        match (&self.spec.kind, &self.zfs_pool) {
+            (Kind::Btrfs | Kind::BtrfsZstd, _) => run_cmd(
+                Command::new("btrfs")
+                    .args(["subvolume", "create"])
+                    .arg(&path),
+            ),
+            (_, Some(pool)) => {
+                let ds = format!("{pool}/{}", rel.replace('/', "_"));
+                run_cmd(
+                    Command::new("zfs")
+                        .arg("create")
+                        .arg("-o")
+                        .arg(format!("mountpoint={}", path.display()))
+                        .arg(&ds),
+                )?;
+                self.zfs_datasets
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(ds);
+                Ok(())
+            }
+            _ => fs::create_dir(&path).ctx(|| format!("mkdir {}", path.display())),
+        }
+    }
+
+    fn snapshot(&self, rel: &str, name: &str) -> Result<bool> {
+        let path = self.path_of(rel)?;
+        match (&self.spec.kind, &self.zfs_pool) {
+            (Kind::Btrfs | Kind::BtrfsZstd, _) => {
+                let snaps = self.path_of(".snapshots")?;
+                if !snaps.exists() {
+                    fs::create_dir(&snaps).ctx(|| format!("mkdir {}", snaps.display()))?;
+                }
+                run_cmd(
+                    Command::new("btrfs")
+                        .args(["subvolume", "snapshot", "-r"])
+                        .arg(&path)
+                        .arg(snaps.join(name)),
+                )?;
+                Ok(true)
+            }
+            (_, Some(pool)) => {
+                let ds = format!("{pool}/{}", rel.replace('/', "_"));
+                run_cmd(
+                    Command::new("zfs")
+                        .arg("snapshot")
+                        .arg(format!("{ds}@{name}")),
+                )?;
+                Ok(true)
+            }
+            (Kind::Anvil, _) => {
+                let mnt = self.mount.as_deref().unwrap_or(Path::new("/"));
+                set_xattr(mnt, "trusted.anvil.snapshot", name.as_bytes())?;
+                Ok(true)
+            }
+            (Kind::Dir(_), _) if fs_type_of(&path).as_deref() == Some("fuse.anvil") => {
+                let mut root = path.clone();
+                while let Some(parent) = root.parent() {
+                    if fs_type_of(parent).as_deref() != Some("fuse.anvil") {
+                        break;
+                    }
+                    root = parent.to_path_buf();
+                }
+                set_xattr(&root, "trusted.anvil.snapshot", name.as_bytes())?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! The file-system operations a workload may use, behind one trait, so that
+//! the same workload code runs on any mounted directory ([`PosixVfs`]: plain
+//! system calls relative to a directory descriptor) and on an anvil volume
+//! opened as a library in this process ([`AnvilVfs`]: no kernel, no FUSE).
+//!
+//! Paths are relative to the root of the workload, `/`-separated, without a
+//! leading slash. Errors are `io::Error`s that carry the errno, whichever
+//! implementation produced them.
+//!
+//! [`PosixVfs`] is deliberately thin: one `openat`/`renameat`/... per call and
+//! no allocation beyond the C string of the path, so that a workload written
+//! against it issues the same system calls as a hand-written C loop.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use anvil::fs::{Caller, FileKind, RenameFlags, SetAttr};
+use anvil::Filesystem;
+
+/// An open file. Closed when dropped.
+pub trait VFile: Send {
+    /// Writes at the current position; returns the bytes written.
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize>;
+    /// Reads at the current position; 0 means end of file.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Makes the file's data and metadata durable.
+    fn fsync(&mut self) -> io::Result<()>;
+
+    /// Writes all of `buf`.
+    fn write_all(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.write(buf)? {
+                0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
+                n => buf = &buf[n..],
+            }
+        }
+        Ok(())
+    }
+}
+
+/// File-system operations, relative to the workload's root.
+pub trait Vfs: Send + Sync {
+    /// "posix" or "anvil-lib".
+    fn kind(&self) -> &'static str;
+    fn mkdir(&self, path: &str, mode: u32) -> io::Result<()>;
+    /// open(O_CREAT | O_TRUNC | O_WRONLY).
+    fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>>;
+    /// open(O_RDONLY).
+    fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>>;
+    /// rename(2): atomically replaces `to` if it exists.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    fn unlink(&self, path: &str) -> io::Result<()>;
+    fn rmdir(&self, path: &str) -> io::Result<()>;
+    /// stat(2); returns the size in bytes.
+    fn stat_size(&self, path: &str) -> io::Result<u64>;
+    /// Names in a directory, without "." and "..".
+    fn read_dir(&self, path: &str) -> io::Result<Vec<String>>;
+}
+
+fn c_path(path: &str) -> io::Result<CString> {
+    CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// System calls relative to a directory descriptor.
+pub struct PosixVfs {
+    root: OwnedFd,
+}
+
+impl PosixVfs {
+    pub fn open(dir: &Path) -> io::Result<PosixVfs> {
+        let c = CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: `c` is a valid NUL-terminated path.
+        let fd = check(unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        Ok(PosixVfs {
+            root: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn open_at(&self, path: &str, flags: libc::c_int, mode: u32) -> io::Result<Box<dyn VFile>> {
+        let c = c_path(path)?;
+        // SAFETY: valid directory fd and NUL-terminated path.
+        let fd = check(unsafe {
+            libc::openat(
+                self.root.as_raw_fd(),
+                c.as_ptr(),
+                flags | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        })?;
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        Ok(Box::new(PosixFile(unsafe { OwnedFd::from_raw_fd(fd) })))
+    }
+}
+
+struct PosixFile(OwnedFd);
+
+impl VFile for PosixFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is valid for `buf.len()` bytes.
+        let n = unsafe { libc::write(self.0.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is valid for `buf.len()` bytes.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn fsync(&mut self) -> io::Result<()> {
+        // SAFETY: plain syscall on an owned fd.
+        check(unsafe { libc::fsync(self.0.as_raw_fd()) }).map(|_| ())
+    }
+}
+
+impl Vfs for PosixVfs {
+    fn kind(&self) -> &'static str {
+        "posix"
+    }
+
+    fn mkdir(&self, path: &str, mode: u32) -> io::Result<()> {
+        let c = c_path(path)?;
+        // SAFETY: valid directory fd and NUL-terminated path.
+        check(unsafe { libc::mkdirat(self.root.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) })
+            .map(|_| ())
+    }
+
+    fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>> {
+        self.open_at(path, libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY, mode)
+    }
+
+    fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
+        self.open_at(path, libc::O_RDONLY, 0)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let (f, t) = (c_path(from)?, c_path(to)?);
+        let fd = self.root.as_raw_fd();
+        // SAFETY: valid directory fd and NUL-terminated paths.
+        check(unsafe { libc::renameat(fd, f.as_ptr(), fd, t.as_ptr()) }).map(|_| ())
+    }
+
+    fn unlink(&self, path: &str) -> io::Result<()> {
+        let c = c_path(path)?;
+        // SAFETY: valid directory fd and NUL-terminated path.
+        check(unsafe { libc::unlinkat(self.root.as_raw_fd(), c.as_ptr(), 0) }).map(|_| ())
+    }
+
+    fn rmdir(&self, path: &str) -> io::Result<()> {
+        let c = c_path(path)?;
+        // SAFETY: valid directory fd and NUL-terminated path.
+        check(unsafe { libc::unlinkat(self.root.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
+            .map(|_| ())
+    }
+
+    fn stat_size(&self, path: &str) -> io::Result<u64> {
+        let c = c_path(path)?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: valid fd, path and output buffer.
+        check(unsafe { libc::fstatat(self.root.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), 0) })?;
+        // SAFETY: fstatat succeeded and filled `st`.
+        Ok(unsafe { st.assume_init() }.st_size as u64)
+    }
+
+    fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {
+        let dir = if path.is_empty() { "." } else { path };
+        let base = format!("/proc/self/fd/{}", self.root.as_raw_fd());
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(Path::new(&base).join(dir))? {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    }
+}
+
+/// An anvil volume opened in this process.
+pub struct AnvilVfs {
+    fs: Arc<Filesystem>,
+    /// Inode of the workload's root directory.
+    root: u64,
+}
+
+fn anvil_err(err: anvil::Error) -> io::Error {
+    io::Error::from_raw_os_error(err.errno())
+}
+
+impl AnvilVfs {
+    /// Works under directory `root` (an inode number) of `fs`.
+    pub fn new(fs: Arc<Filesystem>, root: u64) -> AnvilVfs {
+        AnvilVfs { fs, root }
+    }
+
+    pub fn filesystem(&self) -> &Arc<Filesystem> {
+        &self.fs
+    }
+
+    /// Resolves a directory path below the root.
+    fn dir_ino(&self, path: &str) -> io::Result<u64> {
+        let mut ino = self.root;
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            ino = self.fs.lookup(ino, part.as_bytes()).map_err(anvil_err)?.ino;
+        }
+        Ok(ino)
+    }
+
+    /// Splits a path into (parent inode, last name).
+    fn parent_of<'p>(&self, path: &'p str) -> io::Result<(u64, &'p str)> {
+        let (dir, name) = match path.rfind('/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => ("", path),
+        };
+        if name.is_empty() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok((self.dir_ino(dir)?, name))
+    }
+
+    fn ino_of(&self, path: &str) -> io::Result<u64> {
+        let (parent, name) = self.parent_of(path)?;
+        Ok(self
+            .fs
+            .lookup(parent, name.as_bytes())
+            .map_err(anvil_err)?
+            .ino)
+    }
+
+    fn handle(&self, ino: u64) -> io::Result<Box<dyn VFile + '_>> {
+        self.fs.open_handle(ino).map_err(anvil_err)?;
+        Ok(Box::new(AnvilFile {
+            fs: &self.fs,
+            ino,
+            pos: 0,
+        }))
+    }
+}
+
+struct AnvilFile<'a> {
+    fs: &'a Filesystem,
+    ino: u64,
+    pos: u64,
+}
+
+impl VFile for AnvilFile<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.fs.write(self.ino, self.pos, buf).map_err(anvil_err)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+        let data = self.fs.read(self.ino, self.pos, want).map_err(anvil_err)?;
+        buf[..data.len()].copy_from_slice(&data);
+        self.pos += data.len() as u64;
+        Ok(data.len())
+    }
+
+    fn fsync(&mut self) -> io::Result<()> {
+        self.fs.fsync(self.ino).map_err(anvil_err)
+    }
+}
+
+impl Drop for AnvilFile<'_> {
+    fn drop(&mut self) {
+        let _ = self.fs.release_handle(self.ino);
+    }
+}
+
+impl Vfs for AnvilVfs {
+    fn kind(&self) -> &'static str {
+        "anvil-lib"
+    }
+
+    fn mkdir(&self, path: &str, mode: u32) -> io::Result<()> {
+        let (parent, name) = self.parent_of(path)?;
+        self.fs
+            .mkdir(Caller::ROOT, parent, name.as_bytes(), mode)
+            .map(|_| ())
+            .map_err(anvil_err)
+    }
+
+    fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>> {
+        let (parent, name) = self.parent_of(path)?;
+        let ino = match self.fs.lookup(parent, name.as_bytes()) {
+            Ok(attr) => {
+                if attr.kind == FileKind::Dir {
+                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                }
+                let truncate = SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                };
+                self.fs.setattr(attr.ino, &truncate).map_err(anvil_err)?;
+                attr.ino
+            }
+            Err(err) if err.errno() == libc::ENOENT => {
+                self.fs
+                    .mknod(Caller::ROOT, parent, name.as_bytes(), mode & 0o7777, 0)
+                    .map_err(anvil_err)?
+                    .ino
+            }
+            Err(err) => return Err(anvil_err(err)),
+        };
+        self.handle(ino)
+    }
+
+    fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
+        let ino = self.ino_of(path)?;
+        self.handle(ino)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let (from_parent, from_name) = self.parent_of(from)?;
+        let (to_parent, to_name) = self.parent_of(to)?;
+        self.fs
+            .rename(
+                from_parent,
+                from_name.as_bytes(),
+                to_parent,
+                to_name.as_bytes(),
+                RenameFlags::default(),
+            )
+            .map_err(anvil_err)
+    }
+
+    fn unlink(&self, path: &str) -> io::Result<()> {
+        let (parent, name) = self.parent_of(path)?;
+        self.fs.unlink(parent, name.as_bytes()).map_err(anvil_err)
+    }
+
+    fn rmdir(&self, path: &str) -> io::Result<()> {
+        let (parent, name) = self.parent_of(path)?;
+        self.fs.rmdir(parent, name.as_bytes()).map_err(anvil_err)
+    }
+
+    fn stat_size(&self, path: &str) -> io::Result<u64> {
+        let (parent, name) = self.parent_of(path)?;
+        Ok(self
+            .fs
+            .lookup(parent, name.as_bytes())
+            .map_err(anvil_err)?
+            .size)
+    }
+
+    fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {
+        let ino = self.dir_ino(path)?;
+        let mut names = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let batch = self.fs.readdir(ino, cookie, 1024).map_err(anvil_err)?;
+            let Some(last) = batch.last() else { break };
+            cookie = last.cookie;
+            for entry in &batch {
+                if entry.name != b"." && entry.name != b".." {
+                    names.push(String::from_utf8_lossy(&entry.name).into_owned());
+                }
+            }
+        }
+        Ok(names)
+    }
+}
