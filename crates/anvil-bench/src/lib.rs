@@ -24,5 +24,7 @@ pub mod report;
 pub mod results;
 pub mod runner;
 pub mod target;
+#[cfg(test)]
+pub mod testkit;
 pub mod vfs;
 pub mod workloads;
