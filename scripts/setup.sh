@@ -13,10 +13,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$ROOT/.tools"
 
 # Debian packages: FUSE runtime and headers, ACL/xattr tools (pjdfstest needs
-# libacl1-dev to build), peer filesystems for comparisons, load generators.
+# libacl1-dev to build), peer filesystems for comparisons (zfs-fuse included),
+# load generators, and what `anvil bench` needs: gcc and make for the nightly
+# build, rsync for backups, a font for PNG charts.
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config libacl1-dev acl attr
-    e2fsprogs xfsprogs btrfs-progs fio stress-ng rsync
+    e2fsprogs xfsprogs btrfs-progs zfs-fuse fio stress-ng rsync
+    gcc make fonts-dejavu-core
 )
 
 # Test tools from crates.io, pinned: "crate version binary".

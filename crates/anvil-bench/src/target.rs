@@ -20,6 +20,8 @@ use crate::error::{fail, BenchError, Context, Result};
 use crate::results::FsInfo;
 use crate::vfs::{AnvilVfs, PosixVfs, Vfs};
 
+const ZFS_PIDFILE: &str = "/run/anvil-bench-zfs-fuse.pid";
+
 /// Names accepted by `--fs`.
 pub const FS_NAMES: &[&str] = &[
     "anvil",
@@ -152,6 +154,7 @@ pub struct Target {
     lib_root: u64,
     zfs_pool: Option<String>,
     zfs_datasets: std::sync::Mutex<Vec<String>>,
+    zfs_devdir: Option<PathBuf>,
     started_zfs_daemon: bool,
 }
 
@@ -310,6 +313,7 @@ impl Target {
             lib_root: 0,
             zfs_pool: None,
             zfs_datasets: std::sync::Mutex::new(Vec::new()),
+            zfs_devdir: None,
             started_zfs_daemon: false,
         };
         // On failure, `t` is dropped, which undoes whatever was done.
@@ -429,7 +433,9 @@ impl Target {
             .unwrap_or(true)
         {
             need("zfs-fuse", "zfs-fuse")?;
-            run_cmd(Command::new("zfs-fuse").args(["--pidfile", "/run/anvil-bench-zfs-fuse.pid"]))?;
+            // A stale pid file (from a killed run) makes zfs-fuse refuse to start.
+            let _ = fs::remove_file(ZFS_PIDFILE);
+            run_cmd(Command::new("zfs-fuse").args(["--pidfile", ZFS_PIDFILE]))?;
             self.started_zfs_daemon = true;
             let t0 = Instant::now();
             while Command::new("zpool")
@@ -447,6 +453,13 @@ impl Target {
             }
         }
         let pool = format!("anvilbench{}", std::process::id());
+        // `zpool import -d DIR` scans DIR for devices: give it one holding only ours.
+        let devdir = mnt.with_file_name(format!("zdev-{}", self.spec.label));
+        let _ = fs::remove_dir_all(&devdir);
+        fs::create_dir_all(&devdir).ctx(|| format!("mkdir {}", devdir.display()))?;
+        std::os::unix::fs::symlink(dev, devdir.join(dev.trim_start_matches("/dev/")))
+            .ctx(|| format!("symlink in {}", devdir.display()))?;
+        self.zfs_devdir = Some(devdir);
         run_cmd(
             Command::new("zpool")
                 .args(["create", "-f", "-m"])
@@ -615,12 +628,22 @@ impl Target {
         }
         if self.started_zfs_daemon {
             self.started_zfs_daemon = false;
-            if let Ok(pid) = fs::read_to_string("/run/anvil-bench-zfs-fuse.pid") {
+            if let Ok(pid) = fs::read_to_string(ZFS_PIDFILE) {
                 if let Ok(pid) = pid.trim().parse::<i32>() {
                     // SAFETY: plain kill(2).
                     unsafe { libc::kill(pid, libc::SIGTERM) };
+                    let t0 = Instant::now();
+                    while t0.elapsed() < Duration::from_secs(10) {
+                        let stat =
+                            fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                        if stat.is_empty() || stat.contains(") Z ") {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
                 }
             }
+            let _ = fs::remove_file(ZFS_PIDFILE);
         }
         if let Some(dev) = self.loop_dev.take() {
             let mut ok = false;
@@ -668,6 +691,18 @@ impl Probe for Target {
             if let Some(mnt) = &self.mount {
                 set_xattr(mnt, "trusted.anvil.dropcache", b"1")?;
             }
+        }
+        if let (Some(pool), Some(devdir)) = (&self.zfs_pool, &self.zfs_devdir) {
+            // zfs-fuse caches in the daemon (its ARC), which drop_caches does not reach;
+            // exporting and importing the pool empties it. Needs no open files in the pool.
+            run_cmd(Command::new("zpool").args(["export", pool]))?;
+            run_cmd(
+                Command::new("zpool")
+                    .arg("import")
+                    .arg("-d")
+                    .arg(devdir)
+                    .arg(pool),
+            )?;
         }
         if self.drop {
             drop_kernel_caches()?;

@@ -7,9 +7,9 @@
 //! leading slash. Errors are `io::Error`s that carry the errno, whichever
 //! implementation produced them.
 //!
-//! [`PosixVfs`] is deliberately thin: one `openat`/`renameat`/... per call and
-//! no allocation beyond the C string of the path, so that a workload written
-//! against it issues the same system calls as a hand-written C loop.
+//! [`PosixVfs`] is deliberately thin: one `open`/`rename`/... per call on the
+//! full path and no allocation beyond its C string, so that a workload
+//! written against it issues the same system calls as a hand-written C loop.
 
 use std::ffi::CString;
 use std::io;
@@ -61,10 +61,6 @@ pub trait Vfs: Send + Sync {
     fn read_dir(&self, path: &str) -> io::Result<Vec<String>>;
 }
 
-fn c_path(path: &str) -> io::Result<CString> {
-    CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
         Err(io::Error::last_os_error())
@@ -73,38 +69,38 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// System calls relative to a directory descriptor.
+/// System calls on paths below a directory. No descriptor of the directory
+/// is held open, so the file system can be unmounted and remounted between
+/// phases (zfs-fuse drops its cache that way).
 pub struct PosixVfs {
-    root: OwnedFd,
+    /// The directory with a trailing '/'.
+    root: Vec<u8>,
 }
 
 impl PosixVfs {
     pub fn open(dir: &Path) -> io::Result<PosixVfs> {
-        let c = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: `c` is a valid NUL-terminated path.
-        let fd = check(unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        })?;
-        // SAFETY: `fd` was just opened and is owned by nobody else.
-        Ok(PosixVfs {
-            root: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        if !std::fs::metadata(dir)?.is_dir() {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+        let mut root = dir.as_os_str().as_bytes().to_vec();
+        if root.last() != Some(&b'/') {
+            root.push(b'/');
+        }
+        Ok(PosixVfs { root })
+    }
+
+    fn c_path(&self, path: &str) -> io::Result<CString> {
+        let mut full = Vec::with_capacity(self.root.len() + path.len() + 1);
+        full.extend_from_slice(&self.root);
+        full.extend_from_slice(path.as_bytes());
+        CString::new(full).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
     }
 
     fn open_at(&self, path: &str, flags: libc::c_int, mode: u32) -> io::Result<Box<dyn VFile>> {
-        let c = c_path(path)?;
-        // SAFETY: valid directory fd and NUL-terminated path.
+        let c = self.c_path(path)?;
+        // SAFETY: NUL-terminated path.
         let fd = check(unsafe {
-            libc::openat(
-                self.root.as_raw_fd(),
-                c.as_ptr(),
-                flags | libc::O_CLOEXEC,
-                mode as libc::c_uint,
-            )
+            libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint)
         })?;
         // SAFETY: `fd` was just opened and is owned by nobody else.
         Ok(Box::new(PosixFile(unsafe { OwnedFd::from_raw_fd(fd) })))
@@ -146,10 +142,9 @@ impl Vfs for PosixVfs {
     }
 
     fn mkdir(&self, path: &str, mode: u32) -> io::Result<()> {
-        let c = c_path(path)?;
-        // SAFETY: valid directory fd and NUL-terminated path.
-        check(unsafe { libc::mkdirat(self.root.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) })
-            .map(|_| ())
+        let c = self.c_path(path)?;
+        // SAFETY: NUL-terminated path.
+        check(unsafe { libc::mkdir(c.as_ptr(), mode as libc::mode_t) }).map(|_| ())
     }
 
     fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>> {
@@ -161,39 +156,36 @@ impl Vfs for PosixVfs {
     }
 
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        let (f, t) = (c_path(from)?, c_path(to)?);
-        let fd = self.root.as_raw_fd();
-        // SAFETY: valid directory fd and NUL-terminated paths.
-        check(unsafe { libc::renameat(fd, f.as_ptr(), fd, t.as_ptr()) }).map(|_| ())
+        let (f, t) = (self.c_path(from)?, self.c_path(to)?);
+        // SAFETY: NUL-terminated paths.
+        check(unsafe { libc::rename(f.as_ptr(), t.as_ptr()) }).map(|_| ())
     }
 
     fn unlink(&self, path: &str) -> io::Result<()> {
-        let c = c_path(path)?;
-        // SAFETY: valid directory fd and NUL-terminated path.
-        check(unsafe { libc::unlinkat(self.root.as_raw_fd(), c.as_ptr(), 0) }).map(|_| ())
+        let c = self.c_path(path)?;
+        // SAFETY: NUL-terminated path.
+        check(unsafe { libc::unlink(c.as_ptr()) }).map(|_| ())
     }
 
     fn rmdir(&self, path: &str) -> io::Result<()> {
-        let c = c_path(path)?;
-        // SAFETY: valid directory fd and NUL-terminated path.
-        check(unsafe { libc::unlinkat(self.root.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
-            .map(|_| ())
+        let c = self.c_path(path)?;
+        // SAFETY: NUL-terminated path.
+        check(unsafe { libc::rmdir(c.as_ptr()) }).map(|_| ())
     }
 
     fn stat_size(&self, path: &str) -> io::Result<u64> {
-        let c = c_path(path)?;
+        let c = self.c_path(path)?;
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: valid fd, path and output buffer.
-        check(unsafe { libc::fstatat(self.root.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), 0) })?;
-        // SAFETY: fstatat succeeded and filled `st`.
+        // SAFETY: valid path and output buffer.
+        check(unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) })?;
+        // SAFETY: stat succeeded and filled `st`.
         Ok(unsafe { st.assume_init() }.st_size as u64)
     }
 
     fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {
-        let dir = if path.is_empty() { "." } else { path };
-        let base = format!("/proc/self/fd/{}", self.root.as_raw_fd());
+        let dir = std::ffi::OsStr::from_bytes(&self.root);
         let mut names = Vec::new();
-        for entry in std::fs::read_dir(Path::new(&base).join(dir))? {
+        for entry in std::fs::read_dir(Path::new(dir).join(path))? {
             names.push(entry?.file_name().to_string_lossy().into_owned());
         }
         Ok(names)

@@ -178,6 +178,9 @@ enum Command {
         #[arg(long)]
         at: Option<String>,
     },
+    /// Benchmarks: blogbench, nightly build, proxy cache, iozone, backup and metadata
+    /// workloads on anvil and other file systems side by side (see `anvil bench run --help`).
+    Bench(anvil_bench::cli::BenchArgs),
 }
 
 /// Exit codes: 0 success, 1 operation failed, 2 usage error, 3 volume damaged (check).
@@ -235,6 +238,9 @@ fn main() -> ExitCode {
         Command::Policy { dir, policy } => history::policy(&dir, policy.as_deref()),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
         Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),
+        Command::Bench(args) => anvil_bench::cli::run(args)
+            .map(|()| 0)
+            .map_err(|e| format!("bench: {e}")),
     };
     match result {
         Ok(code) => ExitCode::from(code),
