@@ -406,6 +406,24 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
     if num("pending_bytes") > 0 {
         println!("pending:        {}", mib(num("pending_bytes")));
     }
+    // Nearly full: less than 2% (at least 1 MiB) left above the reserve.
+    let available = num("free_bytes").saturating_sub(num("reserve_bytes"));
+    if available < (num("volume_bytes") / 50).max(1 << 20) {
+        let what = if target.is_dir() {
+            target.display().to_string()
+        } else {
+            "MOUNTPOINT".to_string()
+        };
+        print!("volume full:    {} left for writes", mib(available));
+        if split.is_none() || num("history_bytes") > 0 {
+            println!(
+                "; deleting frees nothing while history keeps the old versions: \
+                 run `anvil prune {what}` (stored policy) or `anvil prune-everything {what}`"
+            );
+        } else {
+            println!("; delete files to make room");
+        }
+    }
     Ok(0)
 }
 

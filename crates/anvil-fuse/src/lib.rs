@@ -159,7 +159,36 @@ fn errno(e: &Error) -> Errno {
     if matches!(e, Error::Corrupt { .. } | Error::Io(_)) {
         log::error!("{e}");
     }
+    if matches!(e, Error::NoSpace) {
+        warn_full();
+    }
     Errno::from_i32(e.errno())
+}
+
+/// Says once a minute, in the daemon's log, why writes fail and what frees space.
+fn warn_full() {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+    if now >= last + 60
+        && LAST
+            .compare_exchange(
+                last,
+                now,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        log::warn!(
+            "volume full: writes get ENOSPC; deleting frees nothing while history keeps old \
+             versions: run `anvil prune MOUNTPOINT` or `anvil prune-everything MOUNTPOINT` \
+             (`anvil info MOUNTPOINT` shows how much is history)"
+        );
+    }
 }
 
 fn system_time(t: anvil::fs::Time) -> SystemTime {
