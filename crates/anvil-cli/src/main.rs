@@ -69,6 +69,14 @@ enum Command {
         /// Check every Nth flush point (default: every one).
         #[arg(long, default_value_t = 1)]
         every: u64,
+        /// At each checked flush point, also check this many crash states in which only a
+        /// random subset of the writes since the previous flush reached the device, in a
+        /// random order, some torn at 512 bytes (a device may reorder within a flush).
+        #[arg(long, default_value_t = 0)]
+        reorder: u32,
+        /// Seed for the subsets chosen by --reorder.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
     /// Show size, usage, object counts, current TID and last commit time.
     Info {
@@ -213,7 +221,13 @@ fn main() -> ExitCode {
             as_of.as_deref(),
             device_log.as_deref(),
         ),
-        Command::ReplayCheck { base, log, every } => replay::replay_check(&base, &log, every),
+        Command::ReplayCheck {
+            base,
+            log,
+            every,
+            reorder,
+            seed,
+        } => replay::replay_check(&base, &log, every, reorder, seed),
         Command::Info { target, json } => info(&target, json),
         Command::Check { image, json } => check(&image, json),
         Command::Synctid { dir } => mount::synctid(&dir).map(|tid| {

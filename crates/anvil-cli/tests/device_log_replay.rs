@@ -72,6 +72,29 @@ fn every_flush_point_of_a_real_run_checks_clean() {
         .unwrap();
     assert!(points >= 6, "{report}");
 
+    // Crashes inside flush intervals: random subsets of each interval's writes, in
+    // random order, some torn; every such state must open and check clean.
+    let report = run(&[
+        "replay-check".as_ref(),
+        base.as_os_str(),
+        log.as_os_str(),
+        "--reorder".as_ref(),
+        "4".as_ref(),
+        "--seed".as_ref(),
+        "7".as_ref(),
+    ]);
+    assert!(report.contains(" 0 violations"), "{report}");
+    let reordered: u64 = report
+        .split(" reordered crash states")
+        .next()
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(reordered >= 4 * 6, "{report}");
+
     // Damage a logged tree-node write (a block starting with the header magic and a leaf or
     // internal block type); the commit that wrote it references it, so replay-check must
     // notice. (A damaged redo-log batch, by contrast, is a torn fsync and is skipped.)

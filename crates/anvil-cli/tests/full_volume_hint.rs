@@ -16,11 +16,19 @@ fn info_on_a_full_volume_says_to_prune() {
         .args(["mkfs", img_s, "--size", "64M"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let info = || {
         let out = Command::new(ANVIL).args(["info", img_s]).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert!(!info().contains("volume full"), "{}", info());
