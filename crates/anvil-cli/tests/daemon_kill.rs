@@ -1,6 +1,7 @@
-//! kill -9 of the daemon at seeded random moments while a writer creates and fsyncs files:
-//! after every kill the volume checks clean and mounts again, and every file whose fsync
-//! returned before the kill is there with exactly its contents.
+//! kill -9 of the daemon at seeded random moments while a writer creates and fsyncs files,
+//! under stress-ng load (directory, rename, hdd and xattr stressors, when stress-ng is
+//! installed): after every kill the volume checks clean and mounts again, and every file
+//! whose fsync returned before the kill is there with exactly its contents.
 
 mod common;
 
@@ -42,9 +43,40 @@ fn fsynced_files_survive_kill_dash_nine() {
     let mut mount = common::Mount::new();
     let durable: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
     let mut next_name = 0u64;
+    let stress_ng = std::process::Command::new("stress-ng")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !stress_ng {
+        eprintln!("note: stress-ng not installed; kills happen without background load");
+    }
     for round in 0..rounds {
         let root = mount.path().to_path_buf();
         let stop = Arc::new(AtomicBool::new(false));
+        let load = stress_ng.then(|| {
+            use std::os::unix::process::CommandExt;
+            let dir = root.join(format!("stress{round}"));
+            std::fs::create_dir(&dir).unwrap();
+            std::process::Command::new("stress-ng")
+                .arg("--temp-path")
+                .arg(&dir)
+                .args([
+                    "--dir",
+                    "1",
+                    "--rename",
+                    "1",
+                    "--hdd",
+                    "1",
+                    "--hdd-bytes",
+                    "8M",
+                ])
+                .args(["--xattr", "1", "-t", "60s", "--quiet"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .process_group(0)
+                .spawn()
+                .expect("start stress-ng")
+        });
         let writer = {
             let (root, stop, durable) = (root.clone(), stop.clone(), durable.clone());
             let first = next_name;
@@ -79,6 +111,11 @@ fn fsynced_files_survive_kill_dash_nine() {
         unsafe { libc::kill(pid, libc::SIGKILL) };
         stop.store(true, Ordering::Release);
         next_name = writer.join().unwrap() + 1;
+        if let Some(mut load) = load {
+            // SAFETY: the stress-ng process group this test started.
+            unsafe { libc::kill(-(load.id() as i32), libc::SIGKILL) };
+            let _ = load.wait();
+        }
         let _ = std::process::Command::new("umount")
             .arg("-l")
             .arg(&root)
