@@ -1631,13 +1631,3 @@ pub(crate) mod tests {
         assert_eq!(file_part("a/b c"), "a_b_c");
     }
 }
-
-/// Terminal table of medians and ratios.
-pub fn summary_table_text(_results: &BenchResults) -> String {
-    String::new()
-}
-
-/// Terminal table of device I/O per target.
-pub fn io_table_text(_results: &BenchResults) -> String {
-    String::new()
-}
