@@ -646,23 +646,38 @@ fn raw_loops(dfd: libc::c_int, p: &Params) -> Result<Vec<(String, f64)>> {
 }
 
 /// Runs create, stat, rename and unlink of `files` files single-threaded in
-/// `dir` twice: through this workload's code over [`PosixVfs`] (in
-/// `dir/harness`) and as a minimal libc loop issuing the same system calls
-/// (in `dir/raw`). Returns (phase, harness ops/s, raw ops/s).
+/// `dir` through this workload's code over [`PosixVfs`] and as a minimal libc
+/// loop issuing the same system calls (same paths, orders, flags and data;
+/// `strace -c -f` shows identical counts of openat, write, close, newfstatat,
+/// renameat and unlinkat). Returns (phase, harness ops/s, raw ops/s).
+///
+/// To be fair on a busy machine, each side runs twice in the order harness,
+/// raw, raw, harness (so that warm-up and drift hit both alike), each time in
+/// a fresh subdirectory of `dir`, and the better of its two runs counts.
 pub fn overhead_pair(dir: &Path, files: u32) -> Result<Vec<(String, f64, f64)>> {
-    let (hdir, rdir) = (dir.join("harness"), dir.join("raw"));
-    fresh_dir(&hdir)?;
-    fresh_dir(&rdir)?;
-    let harness = harness_pass(&hdir, files);
-    let raw = raw_pass(&rdir, files);
-    let _ = std::fs::remove_dir(&hdir);
-    let _ = std::fs::remove_dir(&rdir);
-    let (harness, raw) = (harness?, raw?);
-    Ok(harness
-        .into_iter()
-        .zip(raw)
-        .map(|((name, h), (_, r))| (name, h, r))
-        .collect())
+    let mut best: Vec<(String, f64, f64)> = Vec::new();
+    for (i, harness) in [true, false, false, true].into_iter().enumerate() {
+        let sub = dir.join(format!("{}{i}", if harness { "harness" } else { "raw" }));
+        fresh_dir(&sub)?;
+        let res = if harness {
+            harness_pass(&sub, files)
+        } else {
+            raw_pass(&sub, files)
+        };
+        let _ = std::fs::remove_dir(&sub);
+        for (k, (name, v)) in res?.into_iter().enumerate() {
+            if best.len() <= k {
+                best.push((name, 0.0, 0.0));
+            }
+            let slot = if harness {
+                &mut best[k].1
+            } else {
+                &mut best[k].2
+            };
+            *slot = slot.max(v);
+        }
+    }
+    Ok(best)
 }
 
 #[cfg(test)]
