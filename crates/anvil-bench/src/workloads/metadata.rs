@@ -817,7 +817,3 @@ mod tests {
         println!("took {:.2} s", t0.elapsed().as_secs_f64());
     }
 }
-
-pub fn overhead_pair(_dir: &std::path::Path, _files: u32) -> Result<Vec<(String, f64, f64)>> {
-    fail("not written yet")
-}
