@@ -28,8 +28,9 @@
 //!      number, `cache/%02X/%02X/%08X` with Squid's formula: the *FS write
 //!      time*. Objects over `max_cached_object` are not cached. When the
 //!      disk cache would go over its high-water mark, least recently used
-//!      objects are unlinked until it is under the low-water mark. Sizes are
-//!      charged in whole `block_bytes`, as Squid does.
+//!      objects are unlinked until it is under the low-water mark (timed
+//!      apart, `fs_unlink_ms`, and part of the run time). Sizes are charged
+//!      in whole `block_bytes`, as Squid does.
 //!
 //! The metrics are the columns of the paper's tables: proxy hit rate, FS read
 //! and write times, disk I/Os and their mean time (device counters over the
@@ -180,8 +181,7 @@ impl Params {
         if self.block_bytes == 0 || self.io_chunk == 0 || self.io_chunk > 64 * MIB {
             return fail("block_bytes must be > 0 and io_chunk 1..=64 MiB");
         }
-        if self.log_path().is_some() {
-            let path = self.log_path().unwrap_or_default();
+        if let Some(path) = self.log_path() {
             if !Path::new(path).is_file() {
                 return fail(format!("trace {path}: no such file"));
             }
@@ -275,7 +275,7 @@ pub struct Request {
     pub size: u32,
     /// Dense client id.
     pub client: u32,
-    /// Whether the object is an HTML page (known for synthetic traces only).
+    /// Whether the object is an HTML page (for a log: its type or URL says so).
     pub html: bool,
 }
 
@@ -302,7 +302,7 @@ pub struct TraceSummary {
     pub top10_request_share: f64,
     /// Share of requests small enough to be cached.
     pub cacheable_request_share: f64,
-    /// Share of requests for HTML objects (synthetic traces).
+    /// Share of requests for HTML objects.
     pub html_request_share: f64,
 }
 
@@ -579,11 +579,15 @@ pub fn parse_squid_log(text: &str, limit: u64) -> (Trace, ParseStats) {
         let object = *urls.entry(url).or_insert(next);
         let next = clients.len() as u32;
         let client = *clients.entry(f[2]).or_insert(next);
+        let html = f.get(9).is_some_and(|t| t.starts_with("text/html"))
+            || url.ends_with('/')
+            || url.ends_with(".html")
+            || url.ends_with(".htm");
         requests.push(Request {
             object,
             size: bytes as u32,
             client,
-            html: false,
+            html,
         });
         stats.kept += 1;
     }
@@ -1109,6 +1113,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         Metric::lower("fs_write_ms", "ms", write_mean),
         Metric::lower("fs_write_p50_ms", "ms", write_p50),
         Metric::lower("fs_write_p99_ms", "ms", write_p99),
+        Metric::lower("fs_unlink_ms", "ms", unlink_mean),
         Metric::lower("disk_ios", "I/Os", io.ios() as f64),
         Metric::lower("mean_disk_io_ms", "ms", io.mean_io_ms()),
         Metric::lower("run_time_s", "s", run_time),
@@ -1189,7 +1194,6 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
             "unlinks": r.unlinks.0.len(),
             "read_bytes": r.read_bytes,
             "written_bytes": r.written_bytes,
-            "fs_unlink_ms": unlink_mean,
             "cached_files": store.disk.len,
             "cached_bytes": store.disk.used,
             "memory_objects": store.mem.len,
@@ -1373,6 +1377,8 @@ mod tests {
         assert_eq!(s.unique_objects, 5);
         assert_eq!(s.unique_bytes, 5062 + 1543 + 8812 + 120000 + 402);
         assert!((s.one_timer_fraction - 0.4).abs() < 1e-9);
+        // HTML by type or URL: the front page twice and the 301.
+        assert_eq!(s.html_request_share, 3.0 / 8.0);
         let (limited, _) = parse_squid_log(FIXTURE, 3);
         assert_eq!(limited.requests.len(), 3);
     }
