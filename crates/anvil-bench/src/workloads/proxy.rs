@@ -1340,6 +1340,79 @@ mod tests {
         assert_eq!(out.extra["parse"]["kept"], 8);
     }
 
+    /// The workload through `AnvilVfs` on an in-memory anvil volume, as
+    /// `--fs anvil-lib` runs it (no kernel path).
+    #[test]
+    fn runs_on_an_anvil_volume_in_process() {
+        use std::sync::Arc;
+
+        use anvil::device::MemDevice;
+        use anvil::fs::Caller;
+        use anvil::{Filesystem, MountOptions};
+
+        struct LibProbe(Arc<Filesystem>);
+        impl crate::env::Probe for LibProbe {
+            fn drop_caches(&self) -> Result<()> {
+                self.sync()
+            }
+            fn sync(&self) -> Result<()> {
+                self.0
+                    .sync()
+                    .map(|_| ())
+                    .map_err(|e| BenchError(e.to_string()))
+            }
+            fn io(&self) -> IoCounters {
+                IoCounters::default()
+            }
+            fn used_bytes(&self) -> Result<u64> {
+                Ok(0)
+            }
+            fn make_snapshot_root(&self, _: &str) -> Result<()> {
+                Ok(())
+            }
+            fn snapshot(&self, _: &str, _: &str) -> Result<bool> {
+                Ok(false)
+            }
+        }
+
+        let bytes = 64 * MIB;
+        let dev: Arc<dyn anvil::device::Device> = Arc::new(MemDevice::new(bytes));
+        Filesystem::mkfs(dev.clone(), bytes, "bench").unwrap();
+        let options = MountOptions {
+            commit_interval_ms: 0,
+            ..Default::default()
+        };
+        let fs = Arc::new(Filesystem::open(dev, options).unwrap());
+        let root = fs.mkdir(Caller::ROOT, 1, b"bench", 0o755).unwrap().ino;
+        let vfs = crate::vfs::AnvilVfs::new(fs.clone(), root);
+        let probe = LibProbe(fs.clone());
+        let bar = indicatif::ProgressBar::hidden();
+        let env = RunEnv {
+            dir: None,
+            vfs: &vfs,
+            probe: &probe,
+            fs_label: "anvil-lib".into(),
+            fs_type: "anvil".into(),
+            seed: 3,
+            run: 0,
+            mem_limit: None,
+            progress: &bar,
+        };
+        let p = tiny();
+        let out = workload(Tier::Tiny, &[]).unwrap().run(&env).unwrap();
+        assert_eq!(out.errors, 0, "{}", out.text);
+        assert!(metric(&out, "hit_rate") > 0.0);
+        let counts = &out.extra["counts"];
+        let mut files = 0;
+        for a in vfs.read_dir(CACHE_DIR).unwrap() {
+            for b in vfs.read_dir(&format!("{CACHE_DIR}/{a}")).unwrap() {
+                files += vfs.read_dir(&format!("{CACHE_DIR}/{a}/{b}")).unwrap().len() as u64;
+            }
+        }
+        assert_eq!(files, counts["cached_files"].as_u64().unwrap());
+        assert!(counts["cached_bytes"].as_u64().unwrap() <= p.cache_bytes);
+    }
+
     #[test]
     fn parses_the_squid_log_fixture() {
         let (trace, stats) = parse_squid_log(FIXTURE, 0);
