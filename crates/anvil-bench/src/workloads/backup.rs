@@ -840,7 +840,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
     check_outside("backup", &cache, &dir)?;
     env.progress
         .set_message("backup: generating the source tree");
-    let tree = cached_tree(&cache, |root| generate_tree(p, root))?;
+    let tree = cached_tree(&cache, &p.generator_key(), |root| generate_tree(p, root))?;
     let (src_files, src_bytes) = tree_bytes(&tree)?;
     let day1 = manifest(&tree)?;
     env.progress

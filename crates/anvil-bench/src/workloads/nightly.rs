@@ -16,7 +16,9 @@
 //! The tree is generated outside the file system under test, in `source_dir`
 //! (default `/var/tmp/anvil-bench-src/nightly-<hash of the generator
 //! parameters>`), and reused by later runs: it is written to a temporary
-//! directory whose `complete` stamp is written last, then renamed into place.
+//! directory whose `complete` stamp (holding the generator parameters) is
+//! written last, then renamed into place. A `source_dir` whose stamp names
+//! other parameters is refused rather than reused.
 //!
 //! Phases, each after `drop_caches` and timed (wall, user and system CPU of
 //! this process and its children, device I/O):
@@ -93,7 +95,7 @@ impl Params {
             Tier::Tiny => (6, 2, 2, 200),
             Tier::Quick => (150, 10, 16, 250),
             Tier::Standard => (600, 30, 60, 250),
-            Tier::Full => (2000, 100, 200, 1500),
+            Tier::Full => (2000, 100, 200, 2800),
         };
         Params {
             files,
@@ -336,10 +338,18 @@ fn copy_file(src: &Path, dst: &Path, mode: u32, buf: &mut [u8]) -> Result<u64> {
 /// into place, so concurrent runs never see (or reuse) a partial tree.
 pub(crate) fn cached_tree(
     dir: &Path,
+    key: &str,
     generate: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
     let stamp = dir.join("complete");
-    if stamp.exists() {
+    if let Ok(made_with) = fs::read_to_string(&stamp) {
+        if made_with.trim_end() != key {
+            return fail(format!(
+                "{} holds a tree generated with other parameters ({}); remove it or choose another source_dir",
+                dir.display(),
+                made_with.trim_end()
+            ));
+        }
         return Ok(dir.join("tree"));
     }
     let parent = dir.parent().unwrap_or(Path::new("/"));
@@ -356,7 +366,8 @@ pub(crate) fn cached_tree(
     let result = (|| {
         fs::create_dir(&tmp).ctx(|| format!("mkdir {}", tmp.display()))?;
         generate(&tmp.join("tree"))?;
-        fs::write(tmp.join("complete"), b"ok\n").ctx(|| format!("write {}", tmp.display()))?;
+        fs::write(tmp.join("complete"), format!("{key}\n"))
+            .ctx(|| format!("write {}", tmp.display()))?;
         if dir.exists() && !stamp.exists() {
             // Left over from an interrupted generation of an older version.
             let _ = fs::remove_dir_all(dir);
@@ -1036,7 +1047,9 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
     check_outside("nightly-build", &source_dir, &dir)?;
     env.progress
         .set_message("nightly-build: generating the source tree");
-    let src = cached_tree(&source_dir, |root| generate_tree(p, root))?;
+    let src = cached_tree(&source_dir, &p.generator_key(), |root| {
+        generate_tree(p, root)
+    })?;
     let (src_files, src_bytes) = tree_bytes(&src)?;
 
     let ws1 = dir.join("ws1");
@@ -1186,7 +1199,7 @@ fn text_report(
     ratio: Option<f64>,
 ) -> String {
     let mut s = format!(
-        "nightly build: {} modules, {} headers, {} dirs; tree {} files, {:.1} MB; make -j{} / 2 x -j{}; clean={}\n",
+        "nightly build: {} modules, {} headers, {} dirs; tree {} files, {:.2} MB; make -j{} / 2 x -j{}; clean={}\n",
         p.files,
         p.headers,
         p.dirs,
@@ -1326,8 +1339,14 @@ mod tests {
         );
         let stamp = src.path().join("src/complete");
         let t0 = fs::metadata(&stamp).unwrap().modified().unwrap();
-        cached_tree(&src.path().join("src"), |_| fail("regenerated")).unwrap();
+        cached_tree(&src.path().join("src"), &p.generator_key(), |_| {
+            fail("regenerated")
+        })
+        .unwrap();
         assert_eq!(fs::metadata(&stamp).unwrap().modified().unwrap(), t0);
+        let other = Params { seed: 7, ..p };
+        let err = cached_tree(&src.path().join("src"), &other.generator_key(), |_| Ok(()));
+        assert!(err.unwrap_err().to_string().contains("other parameters"));
     }
 
     #[test]
