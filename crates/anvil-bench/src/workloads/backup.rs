@@ -480,10 +480,11 @@ pub fn mutate(p: &Params, root: &Path, day: u32) -> Result<Changes> {
     files.shuffle(&mut rng);
 
     let budget = ((files.len() as f64 * p.change_pct / 100.0).round() as usize).max(1);
-    let n_mod = (budget * 55 / 100).max(1).min(files.len());
-    let n_add = budget * 20 / 100;
-    let n_del = (budget * 12 / 100).min(files.len() - n_mod);
-    let n_ren = (budget * 13 / 100).min(files.len() - n_mod - n_del);
+    let share = |pct: usize| (budget * pct + 50) / 100;
+    let n_mod = share(55).max(1).min(files.len());
+    let n_add = share(20);
+    let n_del = share(12).min(files.len() - n_mod);
+    let n_ren = share(13).min(files.len() - n_mod - n_del);
     let mean = (p.tree_mb * MB / p.files as f64).max(64.0);
 
     let mut iter = files.iter();
@@ -1040,7 +1041,8 @@ mod tests {
             let ca = mutate(&p, &a, day).unwrap();
             let cb = mutate(&p, &b, day).unwrap();
             assert_eq!(ca, cb);
-            assert!(ca.modified > 0 && ca.appended > 0);
+            assert!(ca.modified > 0 && ca.appended > 0 && ca.added > 0, "{ca:?}");
+            assert!(ca.deleted > 0 && ca.renamed > 0, "{ca:?}");
         }
         let after = manifest(&a).unwrap();
         assert_eq!(after, manifest(&b).unwrap());
