@@ -740,6 +740,16 @@ impl Probe for Target {
             let s = fs.statfs();
             return Ok((s.blocks - s.blocks_free) * s.block_bytes as u64);
         }
+        if let Some(pool) = &self.zfs_pool {
+            // statvfs of a zfs mount counts only that dataset; the pool's `used`
+            // includes child datasets and snapshots.
+            let text =
+                output_of(Command::new("zfs").args(["get", "-Hp", "-o", "value", "used", pool]))?;
+            return text
+                .trim()
+                .parse()
+                .map_err(|_| BenchError(format!("zfs get used {pool}: unexpected '{text}'")));
+        }
         match &self.mount {
             Some(m) => statvfs_used(m),
             None => fail("target is not mounted"),
