@@ -28,6 +28,9 @@
 //! * `compat_1_2` reproduces blogbench 1.2's accidental 8-byte reads.
 //! * The one-second sleep after a failure ends early when the run stops, and
 //!   failures are counted (the original just prints some of them).
+//! * The other threads are started once the first writer has made `blog-0/`,
+//!   so commenters (which may pick blog 0 at once) never lose a start-up race
+//!   that the C program usually, but not always, wins.
 //! * The interval clock is kept against the start time rather than by
 //!   sleeping N seconds after each report, so printing does not drift it.
 //!
@@ -306,32 +309,33 @@ impl Counters {
     }
 }
 
-/// The end-of-run flag, with a sleep that the end interrupts.
+/// A flag that is set once, with a sleep that its setting interrupts: the
+/// end of the run, and the creation of the first blog's directory.
 #[derive(Default)]
-struct Stopper {
+struct Event {
     flag: AtomicBool,
     lock: Mutex<bool>,
     cond: Condvar,
 }
 
-impl Stopper {
-    fn stopped(&self) -> bool {
+impl Event {
+    fn is_set(&self) -> bool {
         self.flag.load(Ordering::Acquire)
     }
 
-    fn stop(&self) {
+    fn set(&self) {
         self.flag.store(true, Ordering::Release);
-        let mut stopped = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        *stopped = true;
+        let mut set = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        *set = true;
         self.cond.notify_all();
     }
 
-    /// Sleeps for `d`, or less if the run stops meanwhile.
-    fn pause(&self, d: Duration) {
+    /// Sleeps for `d`, or less if the event happens meanwhile.
+    fn wait(&self, d: Duration) {
         let guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let _ = self
             .cond
-            .wait_timeout_while(guard, d, |stopped| !*stopped)
+            .wait_timeout_while(guard, d, |set| !*set)
             .unwrap_or_else(|e| e.into_inner());
     }
 }
@@ -349,7 +353,10 @@ struct Shared<'a> {
     /// pause in the original, but not an error).
     idle: AtomicU64,
     first_errors: Mutex<Vec<String>>,
-    stop: Stopper,
+    /// The run is over: threads finish their current operation and end.
+    stop: Event,
+    /// A writer has tried to make the directory of blog 0.
+    first_blog: Event,
 }
 
 impl<'a> Shared<'a> {
@@ -363,7 +370,8 @@ impl<'a> Shared<'a> {
             errors: AtomicU64::new(0),
             idle: AtomicU64::new(0),
             first_errors: Mutex::new(Vec::new()),
-            stop: Stopper::default(),
+            stop: Event::default(),
+            first_blog: Event::default(),
         }
     }
 
@@ -661,10 +669,14 @@ impl<'a> Worker<'a> {
         let id = sh.next_blog_id.fetch_add(1, Ordering::Relaxed);
         self.name.clear();
         let _ = write!(self.name, "blog-{id}");
-        if let Err(e) = sh.vfs.mkdir(&self.name, DIR_MODE) {
+        let made = sh.vfs.mkdir(&self.name, DIR_MODE);
+        if id == 0 {
+            sh.first_blog.set();
+        }
+        if let Err(e) = made {
             if e.raw_os_error() != Some(libc::EEXIST) {
                 // The original pauses here and once more in its loop.
-                sh.stop.pause(FAILURE_PAUSE);
+                sh.stop.wait(FAILURE_PAUSE);
                 return Err(io_failure("mkdir", &self.name, &e));
             }
         }
@@ -781,14 +793,14 @@ impl<'a> Worker<'a> {
                 Ok(()) => {}
                 Err(Failure::NoBlog) => {
                     self.sh.idle.fetch_add(1, Ordering::Relaxed);
-                    self.sh.stop.pause(FAILURE_PAUSE);
+                    self.sh.stop.wait(FAILURE_PAUSE);
                 }
                 Err(Failure::Io(msg)) => {
                     self.sh.note_error(msg);
-                    self.sh.stop.pause(FAILURE_PAUSE);
+                    self.sh.stop.wait(FAILURE_PAUSE);
                 }
             }
-            if self.sh.stop.stopped() {
+            if self.sh.stop.is_set() {
                 break;
             }
         }
@@ -904,6 +916,14 @@ fn execute(
             let mut index = 0u64;
             for (role, count) in groups {
                 out.put(&format!("Spawning {count} {}s...\n", role.name()));
+                if role == Role::Rewriter && params.writers > 0 {
+                    // Commenters write into blog 0 from the start. The C
+                    // program starts them a little after the writers, which
+                    // usually but not always have made blog-0/ by then; the
+                    // losers fail and count an error. Waiting for that first
+                    // mkdir (microseconds) removes the race.
+                    shared.first_blog.wait(FAILURE_PAUSE);
+                }
                 for i in 0..count {
                     // The worker (and its data pool) is made here, so that a
                     // thread starts working as soon as it runs, as in C.
@@ -913,7 +933,7 @@ fn execute(
                         .name(format!("bb-{}-{i}", role.name()))
                         .spawn_scoped(scope, move || worker.run(role));
                     if let Err(e) = spawned {
-                        shared.stop.stop();
+                        shared.stop.set();
                         return fail(format!("blogbench: cannot start a {}: {e}", role.name()));
                     }
                 }
@@ -966,7 +986,7 @@ fn execute(
                 progress.set_message(format!("{nb_blogs} blogs"));
             }
             // Threads finish what they are doing; the scope joins them.
-            shared.stop.stop();
+            shared.stop.set();
             Ok(rows)
         })
     })?;
@@ -1409,6 +1429,26 @@ mod tests {
     use crate::testkit::with_env;
     use clap::Parser;
 
+    /// Tests that run threads of writers are run one at a time, so that a
+    /// tiny run is not starved of CPU and disk by another one.
+    static IO_TESTS: Mutex<()> = Mutex::new(());
+
+    fn io_lock() -> std::sync::MutexGuard<'static, ()> {
+        IO_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A scratch directory, in memory when /dev/shm exists (the tests check
+    /// shapes, not speeds, and a busy disk should not starve them).
+    fn scratch() -> tempfile::TempDir {
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() {
+            if let Ok(d) = tempfile::TempDir::new_in(shm) {
+                return d;
+            }
+        }
+        tempfile::TempDir::new().unwrap()
+    }
+
     fn tiny() -> Params {
         Params::for_tier(Tier::Tiny)
     }
@@ -1435,7 +1475,8 @@ mod tests {
 
     #[test]
     fn blogbench_tiny_run_has_the_original_shape_and_files() {
-        let tmp = tempfile::TempDir::new().unwrap();
+        let _io = io_lock();
+        let tmp = scratch();
         let w = workload(Tier::Tiny, &[]).unwrap();
         assert!(w.lib_capable());
         let out = with_env(tmp.path(), |env| w.run(env)).expect("run");
@@ -1519,7 +1560,8 @@ mod tests {
 
     #[test]
     fn blogbench_random_content_and_compat_reads() {
-        let tmp = tempfile::TempDir::new().unwrap();
+        let _io = io_lock();
+        let tmp = scratch();
         let params = Params {
             iterations: 1,
             sleep_secs: 0.3,
@@ -1690,7 +1732,8 @@ mod tests {
 
     #[test]
     fn blogbench_overhead_pair_runs() {
-        let tmp = tempfile::TempDir::new().unwrap();
+        let _io = io_lock();
+        let tmp = scratch();
         let (harness, raw) = overhead_pair(tmp.path(), 2).unwrap();
         assert!(harness > 0.0 && raw > 0.0);
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
@@ -1698,8 +1741,9 @@ mod tests {
 
     #[test]
     fn blogbench_both_overhead_paths_touch_the_same_files() {
-        let a = tempfile::TempDir::new().unwrap();
-        let b = tempfile::TempDir::new().unwrap();
+        let _io = io_lock();
+        let a = scratch();
+        let b = scratch();
         let (fa, _) = harness_pass(a.path(), 3, 11).unwrap();
         let (fb, _) = raw_pass(b.path(), 3, 11).unwrap();
         assert_eq!(fa, fb);
@@ -1719,5 +1763,49 @@ mod tests {
             v
         };
         assert_eq!(listing(a.path()), listing(b.path()));
+    }
+
+    /// Manual: `BLOGBENCH_DIR=/tmp/x BLOGBENCH_TIER=quick <test binary>
+    /// blogbench_manual_run --ignored --nocapture` prints a run's text.
+    #[test]
+    #[ignore]
+    fn blogbench_manual_run() {
+        let dir = PathBuf::from(std::env::var("BLOGBENCH_DIR").expect("BLOGBENCH_DIR"));
+        let tier = match std::env::var("BLOGBENCH_TIER").as_deref() {
+            Ok("quick") => Tier::Quick,
+            Ok("standard") => Tier::Standard,
+            Ok("full") => Tier::Full,
+            _ => Tier::Tiny,
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        let w = workload(tier, &[]).unwrap();
+        let out = with_env(&dir, |env| w.run(env)).unwrap();
+        print!("{}", out.text);
+        println!("errors: {} {}", out.errors, out.extra["first_errors"]);
+        for m in &out.metrics {
+            println!("{} = {:.1} {}", m.name, m.value, m.unit);
+        }
+        println!(
+            "{}",
+            serde_json::to_string(&out.extra["intervals"]).unwrap()
+        );
+    }
+
+    /// Manual: `BLOGBENCH_OVERHEAD_DIR=/dev/shm/x BLOGBENCH_BLOGS=50 <test
+    /// binary> blogbench_manual_overhead --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn blogbench_manual_overhead() {
+        let dir = PathBuf::from(std::env::var("BLOGBENCH_OVERHEAD_DIR").expect("dir"));
+        let blogs = std::env::var("BLOGBENCH_BLOGS")
+            .ok()
+            .and_then(|b| b.parse().ok())
+            .unwrap_or(50);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (harness, raw) = overhead_pair(&dir, blogs).unwrap();
+        println!(
+            "harness {harness:.0} files/s, raw {raw:.0} files/s, ratio {:.3}",
+            harness / raw
+        );
     }
 }
