@@ -1854,17 +1854,3 @@ mod tests {
         );
     }
 }
-
-#[derive(Debug, clap::Args)]
-pub struct BlogbenchArgs {
-    #[arg(short = 'd', long)]
-    pub directory: std::path::PathBuf,
-}
-
-pub fn standalone(_args: &BlogbenchArgs) -> Result<()> {
-    fail("not written yet")
-}
-
-pub fn overhead_pair(_dir: &std::path::Path, _blogs: u32) -> Result<(f64, f64)> {
-    fail("not written yet")
-}
