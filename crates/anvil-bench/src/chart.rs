@@ -1398,6 +1398,7 @@ pub(crate) mod tests {
             ),
             errors: 0,
             extra: serde_json::Value::Null,
+            ..Default::default()
         }
     }
 

@@ -278,4 +278,11 @@ pub struct RunOutput {
     pub errors: u64,
     /// Anything else worth keeping, e.g. per-interval blogbench rows.
     pub extra: serde_json::Value,
+    /// Device I/O of the whole run, from just before the workload started to after a
+    /// sync at its end (set by the harness; phases alone miss write-back after them).
+    #[serde(default)]
+    pub io_total: Option<IoCounters>,
+    /// Wall-clock seconds of the whole run (set by the harness).
+    #[serde(default)]
+    pub wall_s: Option<f64>,
 }

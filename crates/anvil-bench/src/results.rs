@@ -216,13 +216,19 @@ impl BenchResults {
             .collect()
     }
 
-    /// Device I/O summed over all runs of a target.
+    /// Device I/O summed over all runs of a target: each run's total when the
+    /// harness measured it (including the sync at its end), else its phases.
     pub fn io_total(&self, label: &str) -> IoCounters {
         let mut total = IoCounters::default();
         if let Some(t) = self.target(label) {
             for run in &t.runs {
-                for p in &run.phases {
-                    total = total.add(&p.io);
+                match &run.io_total {
+                    Some(io) => total = total.add(io),
+                    None => {
+                        for p in &run.phases {
+                            total = total.add(&p.io);
+                        }
+                    }
                 }
             }
         }

@@ -340,7 +340,14 @@ fn one_run(
         mem_limit: cfg.mem_limit,
         progress: step,
     };
-    let out = w.run(&env);
+    let io0 = target.io();
+    let t0 = Instant::now();
+    let out = w.run(&env).and_then(|mut out| {
+        target.sync()?;
+        out.wall_s = Some(t0.elapsed().as_secs_f64());
+        out.io_total = Some(target.io().since(&io0));
+        Ok(out)
+    });
     drop(vfs);
     let info = target.info.clone();
     let torn = target.teardown();

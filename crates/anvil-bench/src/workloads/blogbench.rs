@@ -1087,6 +1087,7 @@ fn execute(
         text: out.text,
         errors,
         extra,
+        ..Default::default()
     })
 }
 

@@ -946,6 +946,7 @@ impl Workload for Iozone {
             text,
             errors: 0,
             extra,
+            ..Default::default()
         })
     }
 }

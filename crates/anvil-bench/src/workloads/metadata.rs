@@ -454,6 +454,7 @@ impl Workload for Metadata {
             text,
             errors,
             extra: serde_json::json!({ "rounds": json_rounds, "first_error": first_error }),
+            ..Default::default()
         })
     }
 }

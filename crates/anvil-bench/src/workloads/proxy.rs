@@ -1210,6 +1210,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         text,
         errors: r.errors,
         extra,
+        ..Default::default()
     })
 }
 
