@@ -338,10 +338,17 @@ impl Target {
         let mnt = cfg.work_dir.join(format!("mnt-{}", self.spec.label));
         fs::create_dir_all(&mnt).ctx(|| format!("mkdir {}", mnt.display()))?;
         if is_mountpoint(&mnt) {
-            return fail(format!(
-                "{} is already mounted (left over from an earlier run?); unmount it first",
-                mnt.display()
-            ));
+            // Left over from an interrupted run of ours: nothing in it is worth keeping.
+            let _ = run_cmd(Command::new("umount").arg(&mnt));
+            if is_mountpoint(&mnt) {
+                let _ = run_cmd(Command::new("umount").arg("-l").arg(&mnt));
+            }
+            if is_mountpoint(&mnt) {
+                return fail(format!(
+                    "{} is still mounted from an earlier run and cannot be unmounted",
+                    mnt.display()
+                ));
+            }
         }
         if self.spec.kind == Kind::Tmpfs {
             run_cmd(
@@ -357,6 +364,14 @@ impl Target {
         }
 
         let backing = cfg.work_dir.join(format!("{}.img", self.spec.label));
+        // Loop devices still attached to this file (an interrupted run) go first.
+        if backing.exists() {
+            if let Ok(list) = output_of(Command::new("losetup").arg("-j").arg(&backing)) {
+                for dev in list.lines().filter_map(|l| l.split(':').next()) {
+                    let _ = run_cmd(Command::new("losetup").args(["-d", dev]));
+                }
+            }
+        }
         let _ = fs::remove_file(&backing);
         let f = fs::File::create(&backing).ctx(|| format!("create {}", backing.display()))?;
         f.set_len(cfg.size_bytes)
@@ -450,6 +465,21 @@ impl Target {
                     return fail("zfs-fuse did not start within 20 s");
                 }
                 std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        // Pools of earlier runs whose process is gone (interrupted) hold loop devices.
+        if let Ok(pools) = output_of(Command::new("zpool").args(["list", "-H", "-o", "name"])) {
+            for old in pools.lines().filter_map(|p| p.strip_prefix("anvilbench")) {
+                let alive = old
+                    .parse::<u32>()
+                    .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+                if !alive {
+                    let _ = run_cmd(Command::new("zpool").args([
+                        "destroy",
+                        "-f",
+                        &format!("anvilbench{old}"),
+                    ]));
+                }
             }
         }
         let pool = format!("anvilbench{}", std::process::id());
