@@ -96,6 +96,13 @@ enum Command {
         /// The directory the volume is mounted on.
         dir: PathBuf,
     },
+    /// Commit a mounted volume and empty the daemon's cache, so that the next reads come
+    /// from the device (for benchmarks; also `echo 3 > /proc/sys/vm/drop_caches` for the
+    /// kernel's caches).
+    DropCaches {
+        /// The directory the volume is mounted on.
+        dir: PathBuf,
+    },
     /// Take a snapshot of a mounted volume: commit now and keep that TID until removed.
     Snapshot {
         dir: PathBuf,
@@ -234,6 +241,7 @@ fn main() -> ExitCode {
             println!("{tid:#018x}");
             0
         }),
+        Command::DropCaches { dir } => mount::drop_caches(&dir).map(|()| 0),
         Command::Snapshot { dir, label } => history::snapshot(&dir, &label),
         Command::Snapls { dir, json } => history::snapls(&dir, json),
         Command::Snaprm { dir, snapshot } => history::snaprm(&dir, &snapshot),

@@ -304,6 +304,12 @@ pub fn synctid(dir: &Path) -> Result<u64, String> {
         .ok_or_else(|| "info has no committed_tid".to_string())
 }
 
+/// Commits a mounted volume and empties the daemon's node cache.
+pub fn drop_caches(dir: &Path) -> Result<(), String> {
+    query_info(dir)?;
+    set_xattr(dir, anvil_fuse::DROPCACHE_XATTR, b"1")
+}
+
 /// Asks a mounted volume for its info through the root's control attribute.
 pub fn query_info(dir: &Path) -> Result<String, String> {
     get_xattr(dir, anvil_fuse::INFO_XATTR).map_err(|_| {

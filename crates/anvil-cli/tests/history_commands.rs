@@ -40,6 +40,8 @@ fn history_commands_on_a_mount() {
     changed[9_000] = b'b';
     std::fs::write(&file, &changed).unwrap();
     ok(&["synctid", &dir]);
+    ok(&["drop-caches", &dir]);
+    assert_eq!(std::fs::read(&file).unwrap().len(), 10_000);
     changed[10] = b'c';
     std::fs::write(&file, &changed).unwrap();
     ok(&["synctid", &dir]);
