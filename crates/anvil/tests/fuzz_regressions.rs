@@ -1,0 +1,77 @@
+//! Replays the inputs kept under `tests/fuzz-regressions/<target>/` (minimised crashers the
+//! fuzzers found, plus a few corpus entries) through the same harness the cargo-fuzz targets
+//! in `fuzz/` use, on stable Rust as part of `cargo test`. Each input must run without a
+//! panic. See `fuzz/README.md` for running the fuzzers themselves.
+
+#[path = "support/fuzz_harness.rs"]
+mod fuzz_harness;
+
+use anvil::device::Device;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+
+fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz-regressions")
+        .join(target);
+    let mut out: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.is_file())
+        .map(|path| {
+            let bytes = std::fs::read(&path).unwrap();
+            (path, bytes)
+        })
+        .collect();
+    out.sort();
+    assert!(!out.is_empty(), "no inputs in {}", dir.display());
+    out
+}
+
+/// Runs every input, then fails naming each one that panicked.
+fn replay(target: &str, run: impl Fn(&[u8]) -> bool) {
+    let mut panicked = Vec::new();
+    for (path, bytes) in inputs(target) {
+        if catch_unwind(AssertUnwindSafe(|| run(&bytes))).is_err() {
+            panicked.push(path.display().to_string());
+        }
+    }
+    assert!(panicked.is_empty(), "inputs that panic: {panicked:#?}");
+}
+
+#[test]
+fn decode_blocks_regressions() {
+    replay("decode_blocks", fuzz_harness::decode_block);
+}
+
+#[test]
+fn open_image_regressions() {
+    replay("open_image", fuzz_harness::open_image);
+}
+
+/// The generated seed corpus is what the fuzzers start from: every block seed must get past
+/// the harness's header fix-up and decode, or the fuzzer would start from dead inputs; the
+/// unpatched image must open (patched ones may fail cleanly).
+#[test]
+fn seed_corpus_is_accepted() {
+    let seeds = fuzz_harness::seed_corpus();
+    for target in ["decode_blocks", "open_image"] {
+        assert!(seeds.iter().filter(|s| s.0 == target).count() >= 3);
+    }
+    for (target, name, bytes) in &seeds {
+        let accepted = match *target {
+            "decode_blocks" => fuzz_harness::decode_block(bytes),
+            _ => fuzz_harness::open_image(bytes) || name.starts_with("patch"),
+        };
+        assert!(accepted, "seed {target}/{name} rejected");
+    }
+    // A patch selector with RAW_BLOCK writes without resealing.
+    let mut raw = vec![0u8];
+    raw.extend((fuzz_harness::RAW_BLOCK | 3).to_le_bytes());
+    raw.extend([0, 0, 2, 0xff, 0xff]);
+    let (device, flags) = fuzz_harness::patched_image(&raw);
+    let mut bytes = [0u8; 4];
+    device.read_at(&mut bytes, 3 * 4096 - 2).unwrap();
+    assert_eq!((flags, bytes), (0, [0, 0, 0xff, 0xff]));
+    let _ = fuzz_harness::build_seed_image;
+}
