@@ -72,7 +72,9 @@ if ((rc_bb != 0)); then
     failed=1
 fi
 errors="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["errors"])' "$ART/blogbench.json" 2>/dev/null || echo unknown)"
-log "blogbench errors: $errors"
+collisions="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["extra"]["collisions"])' "$ART/blogbench.json" 2>/dev/null || echo unknown)"
+# Collisions are blogbench's own race (two of its threads renaming one .tmp name), not errors.
+log "blogbench errors: $errors (and $collisions tmp-name collisions between its own threads)"
 [[ "$errors" == 0 ]] || failed=1
 if ((rc_sn != 0)); then
     log "stress-ng FAILED (exit $rc_sn); last lines:"
@@ -87,8 +89,12 @@ anvil_check "$IMG" >"$ART/check.out" 2>&1 || { log "check after unmount FAILED";
 head -n 1 "$ART/check.out" >&2
 # Remount once: the volume must come back and still read.
 anvil_mount "$IMG" "$MNT" "$ART/daemon2.log"
-find "$MNT/blogbench" -type f -name 'article-1.xml' | head -n 200 | xargs -r cat >/dev/null \
-    || { log "reading back after remount FAILED"; failed=1; }
+# Every blog's first article and picture must read back in full.
+if ! find "$MNT/blogbench" -type f \( -name 'article-1.xml' -o -name 'picture-1.jpg' \) -print0 \
+    | xargs -0 -r cat >/dev/null; then
+    log "reading back after remount FAILED"
+    failed=1
+fi
 anvil_unmount "$MNT" || failed=1
 "$ANVIL_BIN" info "$IMG" >"$ART/info.out" 2>&1 || true
 

@@ -359,6 +359,10 @@ struct Shared<'a> {
     /// pause in the original, but not an error).
     idle: AtomicU64,
     first_errors: Mutex<Vec<String>>,
+    /// Renames whose temporary file another thread had renamed first (see
+    /// [`Failure::Collision`]).
+    collisions: AtomicU64,
+    first_collisions: Mutex<Vec<String>>,
     /// The run is over: threads finish their current operation and end.
     stop: Event,
     /// A writer has tried to make the directory of blog 0.
@@ -376,6 +380,8 @@ impl<'a> Shared<'a> {
             errors: AtomicU64::new(0),
             idle: AtomicU64::new(0),
             first_errors: Mutex::new(Vec::new()),
+            collisions: AtomicU64::new(0),
+            first_collisions: Mutex::new(Vec::new()),
             stop: Event::default(),
             first_blog: Event::default(),
         }
@@ -513,6 +519,11 @@ enum Failure {
     NoBlog,
     /// A file-system operation failed.
     Io(String),
+    /// A rename found its temporary file gone: another thread of the benchmark wrote the
+    /// same `.tmp` name at the same time and renamed it first (two commenters on one
+    /// blog, or the rewriter and a writer). blogbench's own race, which the original has
+    /// too; counted apart from errors, followed by the same pause.
+    Collision(String),
 }
 
 type Step = std::result::Result<(), Failure>;
@@ -636,10 +647,12 @@ impl<'a> Worker<'a> {
         if let Err(e) = vfs.rename(&self.tmp, &self.name) {
             let _ = vfs.unlink(&self.tmp);
             let _ = vfs.unlink(&self.name);
-            return Err(Failure::Io(format!(
-                "rename {} to {}: {e}",
-                self.tmp, self.name
-            )));
+            let msg = format!("rename {} to {}: {e}", self.tmp, self.name);
+            return Err(if e.raw_os_error() == Some(libc::ENOENT) {
+                Failure::Collision(msg)
+            } else {
+                Failure::Io(msg)
+            });
         }
         Ok(())
     }
@@ -803,6 +816,19 @@ impl<'a> Worker<'a> {
                 }
                 Err(Failure::Io(msg)) => {
                     self.sh.note_error(msg);
+                    self.sh.stop.wait(FAILURE_PAUSE);
+                }
+                Err(Failure::Collision(msg)) => {
+                    self.sh.collisions.fetch_add(1, Ordering::Relaxed);
+                    let mut kept = self
+                        .sh
+                        .first_collisions
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    if kept.len() < KEPT_ERRORS {
+                        kept.push(msg);
+                    }
+                    drop(kept);
                     self.sh.stop.wait(FAILURE_PAUSE);
                 }
             }
@@ -1078,6 +1104,12 @@ fn execute(
         "after_stop": after_stop,
         "no_blog_pauses": shared.idle.load(Ordering::Relaxed),
         "first_errors": first_errors,
+        "collisions": shared.collisions.load(Ordering::Relaxed),
+        "first_collisions": shared
+            .first_collisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
     });
 
     Ok(RunOutput {
