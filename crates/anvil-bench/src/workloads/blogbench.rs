@@ -1244,7 +1244,23 @@ fn standalone_to(args: &BlogbenchArgs, sink: &mut dyn io::Write) -> Result<()> {
             dir.display()
         ));
     }
-    let vfs = PosixVfs::open(dir).ctx(|| format!("blogbench: open {}", dir.display()))?;
+    // Like the original, work relative to the scratch dir: chdir into it and open
+    // "blog-N/..." names, so the kernel walks the same short paths.
+    let dir = &std::fs::canonicalize(dir).ctx(|| format!("blogbench: {}", dir.display()))?;
+    let previous = std::env::current_dir().ok();
+    std::env::set_current_dir(dir).ctx(|| format!("blogbench: chdir {}", dir.display()))?;
+    // Back to where we were once the run is over (tests share the process).
+    struct Restore(Option<std::path::PathBuf>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(p) = self.0.take() {
+                let _ = std::env::set_current_dir(p);
+            }
+        }
+    }
+    let _restore = Restore(previous);
+    let vfs =
+        PosixVfs::open(Path::new(".")).ctx(|| format!("blogbench: open {}", dir.display()))?;
     let probe = StandaloneProbe { dir: dir.clone() };
     let bar = ProgressBar::hidden();
     let env = RunEnv {
