@@ -127,6 +127,42 @@ pub struct ReportArgs {
     /// Also write SVG and PNG charts into this directory.
     #[arg(long)]
     pub charts: Option<PathBuf>,
+    /// Target that ratios are computed against (default: each file's own baseline).
+    #[arg(long)]
+    pub baseline: Option<String>,
+    /// Write the (merged) results as <workload>.json into this directory.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+}
+
+/// Merges results of the same workload from several files into one, so that
+/// targets run at different times can be compared side by side. A target that
+/// failed in one file is replaced by a successful run of it from another.
+pub fn merge_results(all: Vec<BenchResults>) -> Vec<BenchResults> {
+    let mut out: Vec<BenchResults> = Vec::new();
+    for r in all {
+        let Some(m) = out.iter_mut().find(|m| m.workload == r.workload) else {
+            out.push(r);
+            continue;
+        };
+        if m.params != r.params || m.tier != r.tier {
+            eprintln!(
+                "note: merging {} results with different parameters ({} and {} tier)",
+                r.workload, m.tier, r.tier
+            );
+        }
+        for t in r.targets {
+            match m.targets.iter().position(|x| x.fs.label == t.fs.label) {
+                Some(i) if m.targets[i].error.is_some() && t.error.is_none() => m.targets[i] = t,
+                Some(_) => eprintln!(
+                    "note: {} on {} appears twice; keeping the first",
+                    r.workload, t.fs.label
+                ),
+                None => m.targets.push(t),
+            }
+        }
+    }
+    out
 }
 
 /// Parses sizes like 512M, 8G, 1GiB, 4096 (bytes).
@@ -248,11 +284,26 @@ fn run_cmd(args: &RunArgs) -> Result<()> {
 }
 
 fn report_cmd(args: &ReportArgs) -> Result<()> {
-    let results: Vec<BenchResults> = args
+    let loaded: Vec<BenchResults> = args
         .results
         .iter()
         .map(|p| BenchResults::load(p))
         .collect::<Result<_>>()?;
+    let mut results = merge_results(loaded);
+    if let Some(b) = &args.baseline {
+        for r in &mut results {
+            if r.target(b).is_none() {
+                return fail(format!("--baseline {b} is not a target of {}", r.workload));
+            }
+            r.baseline = b.clone();
+        }
+    }
+    if let Some(dir) = &args.save {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError(format!("{}: {e}", dir.display())))?;
+        for r in &results {
+            r.save(&dir.join(format!("{}.json", r.workload)))?;
+        }
+    }
     for r in &results {
         runner::print_tables(r);
         if let Some(dir) = &args.charts {
@@ -347,6 +398,58 @@ pub fn run(args: BenchArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn result(workload: &str, targets: &[(&str, bool)]) -> BenchResults {
+        use crate::results::{FsInfo, TargetResult};
+        BenchResults {
+            schema_version: crate::results::SCHEMA_VERSION,
+            suite_version: "t".into(),
+            workload: workload.into(),
+            tier: "tiny".into(),
+            params: serde_json::json!({}),
+            runs_per_target: 1,
+            seed: 1,
+            baseline: targets[0].0.into(),
+            host: Default::default(),
+            started_unix: 0,
+            targets: targets
+                .iter()
+                .map(|(label, ok)| TargetResult {
+                    fs: FsInfo {
+                        label: label.to_string(),
+                        ..Default::default()
+                    },
+                    runs: Vec::new(),
+                    summary: Vec::new(),
+                    error: (!ok).then(|| "failed".to_string()),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn merging_fills_in_failed_and_missing_targets() {
+        let merged = merge_results(vec![
+            result("metadata", &[("ext4", true), ("zfs-fuse", false)]),
+            result("iozone", &[("ext4", true)]),
+            result(
+                "metadata",
+                &[("zfs-fuse", true), ("ext4", false), ("xfs", true)],
+            ),
+        ]);
+        assert_eq!(merged.len(), 2);
+        let m = &merged[0];
+        let labels: Vec<_> = m
+            .targets
+            .iter()
+            .map(|t| (t.fs.label.as_str(), t.error.is_none()))
+            .collect();
+        assert_eq!(
+            labels,
+            vec![("ext4", true), ("zfs-fuse", true), ("xfs", true)]
+        );
+        assert_eq!(m.baseline, "ext4");
+    }
 
     #[test]
     fn sizes() {

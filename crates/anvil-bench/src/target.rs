@@ -287,6 +287,45 @@ fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Mount points strictly below `dir`, from /proc/self/mounts.
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let Ok(text) = fs::read_to_string("/proc/self/mounts") else {
+        return Vec::new();
+    };
+    let prefix = format!("{}/", dir.to_string_lossy().trim_end_matches('/'));
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .map(unescape)
+        .filter(|m| m.starts_with(&prefix))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Runs `op` until it succeeds, for up to 30 s (a file system that was just
+/// used may stay busy for a moment).
+fn retry(mut op: impl FnMut() -> Result<()>) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        let res = op();
+        if res.is_ok() || t0.elapsed() > Duration::from_secs(30) {
+            return res;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Unmounts `mnt` if it is mounted, retrying while busy, lazily as a last resort.
+fn unmount(mnt: &Path) -> Result<()> {
+    if !is_mountpoint(mnt) {
+        return Ok(());
+    }
+    let res = retry(|| run_cmd(Command::new("umount").arg(mnt)));
+    if res.is_err() && is_mountpoint(mnt) {
+        return run_cmd(Command::new("umount").arg("-l").arg(mnt));
+    }
+    Ok(())
+}
+
 fn drop_kernel_caches() -> Result<()> {
     // SAFETY: sync(2) has no arguments.
     unsafe { libc::sync() };
@@ -605,34 +644,34 @@ impl Target {
                     .map_err(|e| BenchError(format!("close anvil volume: {e}"))),
             );
         }
-        for ds in self
+        if let Some(mnt) = self.mount.take() {
+            // Mounts below ours first (zfs datasets of snapshot roots), deepest first,
+            // then ours. For zfs this also makes the kernel let go of every inode, which
+            // zfs-fuse needs before it can destroy the pool.
+            let mut below = mounts_below(&mnt);
+            below.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+            below.push(mnt);
+            for m in below {
+                note(unmount(&m));
+            }
+        }
+        let datasets: Vec<String> = self
             .zfs_datasets
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
             .rev()
-        {
-            let _ = Command::new("zfs").args(["destroy", "-r", &ds]).status();
+            .collect();
+        for ds in datasets {
+            note(retry(|| {
+                run_cmd(Command::new("zfs").args(["destroy", "-r", &ds]))
+            }));
         }
         if let Some(pool) = self.zfs_pool.take() {
-            note(run_cmd(
-                Command::new("zpool").args(["destroy", "-f", &pool]),
-            ));
-        }
-        if let Some(mnt) = self.mount.take() {
-            if is_mountpoint(&mnt) {
-                let mut ok = false;
-                for _ in 0..40 {
-                    if run_cmd(Command::new("umount").arg(&mnt)).is_ok() {
-                        ok = true;
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(250));
-                }
-                if !ok {
-                    note(run_cmd(Command::new("umount").arg("-l").arg(&mnt)));
-                }
-            }
+            // The daemon may still be finishing with files closed just before.
+            note(retry(|| {
+                run_cmd(Command::new("zpool").args(["destroy", "-f", &pool]))
+            }));
         }
         if let Some(mut child) = self.daemon.take() {
             let t0 = Instant::now();
@@ -725,7 +764,7 @@ impl Probe for Target {
         if let (Some(pool), Some(devdir)) = (&self.zfs_pool, &self.zfs_devdir) {
             // zfs-fuse caches in the daemon (its ARC), which drop_caches does not reach;
             // exporting and importing the pool empties it. Needs no open files in the pool.
-            run_cmd(Command::new("zpool").args(["export", pool]))?;
+            retry(|| run_cmd(Command::new("zpool").args(["export", pool])))?;
             run_cmd(
                 Command::new("zpool")
                     .arg("import")

@@ -30,6 +30,20 @@ pub trait VFile: Send {
     /// Makes the file's data and metadata durable.
     fn fsync(&mut self) -> io::Result<()>;
 
+    /// Reads into memory that other threads may be reading into at the same time, the way
+    /// blogbench 1.1's readers all read into one static buffer. Nothing ever looks at the
+    /// bytes; what matters is the cost of the copy. The default reads into a private
+    /// buffer instead (for implementations that copy in Rust, where sharing would race).
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `len` bytes for the whole call, and no Rust
+    /// reference to that memory may exist while any thread is in this call.
+    unsafe fn read_shared(&mut self, buf: *mut u8, len: usize) -> io::Result<usize> {
+        let _ = buf;
+        let mut private = vec![0u8; len];
+        self.read(&mut private)
+    }
+
     /// Writes all of `buf`.
     fn write_all(&mut self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {
@@ -133,6 +147,17 @@ impl VFile for PosixFile {
     fn fsync(&mut self) -> io::Result<()> {
         // SAFETY: plain syscall on an owned fd.
         check(unsafe { libc::fsync(self.0.as_raw_fd()) }).map(|_| ())
+    }
+
+    unsafe fn read_shared(&mut self, buf: *mut u8, len: usize) -> io::Result<usize> {
+        // SAFETY: the caller guarantees `buf` is writable for `len` bytes; only the
+        // kernel writes it, and Rust never reads it.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), buf.cast(), len) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
     }
 }
 

@@ -21,8 +21,10 @@
 //! * The original draws from libc's global `rand()`, never seeded; here each
 //!   thread has its own PRNG seeded from the run's seed plus the thread index,
 //!   and the counters are atomics instead of racy globals.
-//! * Version 1.1 reads into one static buffer shared by all readers, which
-//!   adds cache-line ping-pong between CPUs; here each reader has its own.
+//! * Like 1.1, all readers read into one shared buffer (the cache-line
+//!   ping-pong it causes slows readers and shifts CPU to writers, which the
+//!   scores show); `shared_read_buffer=false` (`--private-read-buffers`)
+//!   gives each reader its own.
 //! * `content` may replace the all-zero data of the original by incompressible
 //!   or text-like bytes (zero data flatters compressing file systems).
 //! * `compat_1_2` reproduces blogbench 1.2's accidental 8-byte reads.
@@ -158,6 +160,11 @@ pub struct Params {
     pub content: Content,
     /// Read 8 bytes at a time, like blogbench 1.2 does by mistake.
     pub compat_1_2: bool,
+    /// All readers read into one buffer, as 1.1 does (`static char garbage[65536]`):
+    /// the copies contend for the same cache lines, which slows readers and so leaves
+    /// writers more CPU. False gives each reader its own buffer.
+    #[serde(default = "yes")]
+    pub shared_read_buffer: bool,
     /// PRNG seed; 0 takes the run's seed from the harness.
     pub seed: u64,
 }
@@ -178,6 +185,7 @@ impl Params {
             commenters: 5,
             content: Content::Zero,
             compat_1_2: false,
+            shared_read_buffer: true,
             seed: 0,
         };
         match tier {
@@ -224,6 +232,37 @@ impl Params {
         } else {
             READ_CHUNK
         }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Memory every reader reads into when `shared_read_buffer` is on. Only the kernel
+/// writes it (through [`crate::vfs::VFile::read_shared`]) and nothing reads it.
+struct SharedBuffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is only handed to read(2); Rust never reads or writes through it.
+unsafe impl Send for SharedBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for SharedBuffer {}
+
+impl SharedBuffer {
+    fn new(len: usize) -> SharedBuffer {
+        let ptr = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+        SharedBuffer { ptr, len }
+    }
+}
+
+impl Drop for SharedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from Box::into_raw of a boxed slice of `len` bytes, and no
+        // reader is running any more (threads are joined before `Shared` is dropped).
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
     }
 }
 
@@ -350,6 +389,8 @@ struct Shared<'a> {
     vfs: &'a dyn Vfs,
     content: Content,
     read_chunk: usize,
+    /// The one buffer of 1.1's readers, when `shared_read_buffer` is on.
+    shared_buf: Option<SharedBuffer>,
     /// Id the next new blog gets (a mutex-protected counter in the original).
     next_blog_id: AtomicU64,
     counters: Counters,
@@ -375,6 +416,7 @@ impl<'a> Shared<'a> {
             vfs,
             content,
             read_chunk,
+            shared_buf: None,
             next_blog_id: AtomicU64::new(0),
             counters: Counters::default(),
             errors: AtomicU64::new(0),
@@ -667,7 +709,13 @@ impl<'a> Worker<'a> {
             Err(_) => return false,
         };
         loop {
-            match file.read(&mut self.read_buf) {
+            let got = match &self.sh.shared_buf {
+                // SAFETY: the shared buffer lives as long as `Shared` and is only ever
+                // written by read(2), never referenced from Rust.
+                Some(b) => unsafe { file.read_shared(b.ptr, b.len) },
+                None => file.read(&mut self.read_buf),
+            };
+            match got {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -923,7 +971,10 @@ fn execute(
         text: String::new(),
         emit,
     };
-    let shared = Shared::new(env.vfs, params.content, params.read_chunk());
+    let mut shared = Shared::new(env.vfs, params.content, params.read_chunk());
+    if params.shared_read_buffer {
+        shared.shared_buf = Some(SharedBuffer::new(params.read_chunk()));
+    }
     let interval = Duration::from_secs_f64(params.sleep_secs);
     let progress: &ProgressBar = env.progress;
     progress.set_length(u64::from(params.iterations));
@@ -1156,6 +1207,9 @@ pub struct BlogbenchArgs {
     /// Read 8 bytes at a time, like blogbench 1.2.
     #[arg(long = "compat-1-2", visible_alias = "compat-1.2")]
     pub compat_1_2: bool,
+    /// Give each reader its own read buffer (1.1 shares one between all readers).
+    #[arg(long)]
+    pub private_read_buffers: bool,
     /// PRNG seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -1175,6 +1229,7 @@ impl BlogbenchArgs {
             commenters: self.commenters,
             content: self.content,
             compat_1_2: self.compat_1_2,
+            shared_read_buffer: !self.private_read_buffers,
             seed: self.seed,
         }
     }
