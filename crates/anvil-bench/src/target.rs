@@ -25,6 +25,7 @@ const ZFS_PIDFILE: &str = "/run/anvil-bench-zfs-fuse.pid";
 /// Names accepted by `--fs`.
 pub const FS_NAMES: &[&str] = &[
     "anvil",
+    "anvil-nohistory",
     "anvil-lib",
     "ext4",
     "xfs",
@@ -42,6 +43,8 @@ pub enum Kind {
     BtrfsZstd,
     ZfsFuse,
     Anvil,
+    /// anvil mounted with `-o nohistory`: overwrites and deletes free space at once.
+    AnvilNoHistory,
     AnvilLib,
     Tmpfs,
     Dir(PathBuf),
@@ -76,6 +79,7 @@ pub fn parse_targets(fs_list: Option<&str>, dirs: &[PathBuf]) -> Result<Vec<Targ
             "btrfs-zstd" => Kind::BtrfsZstd,
             "zfs-fuse" | "zfs" => Kind::ZfsFuse,
             "anvil" => Kind::Anvil,
+            "anvil-nohistory" => Kind::AnvilNoHistory,
             "anvil-lib" => Kind::AnvilLib,
             "tmpfs" => Kind::Tmpfs,
             _ => {
@@ -443,7 +447,9 @@ impl Target {
                 mkfs_mount("btrfs", "mkfs.btrfs", &["-q", "-f"], Some("compress=zstd"))
             }
             Kind::ZfsFuse => return self.build_zfs(&dev, mnt),
-            Kind::Anvil | Kind::AnvilLib => return self.build_anvil(cfg, &dev, mnt),
+            Kind::Anvil | Kind::AnvilNoHistory | Kind::AnvilLib => {
+                return self.build_anvil(cfg, &dev, mnt)
+            }
             Kind::Tmpfs | Kind::Dir(_) => unreachable!("handled above"),
         };
         let mut words = mkfs.split(' ');
@@ -568,9 +574,16 @@ impl Target {
         }
         let mut cmd = Command::new(bin);
         cmd.arg("mount").arg(dev).arg(&mnt).arg("-f");
+        let mut opts: Vec<String> = Vec::new();
         if let Some(c) = cfg.anvil_cache {
-            cmd.args(["-o", &format!("cache={c}")]);
-            self.info.mount_opts = Some(format!("cache={c}"));
+            opts.push(format!("cache={c}"));
+        }
+        if self.spec.kind == Kind::AnvilNoHistory {
+            opts.push("nohistory".into());
+        }
+        if !opts.is_empty() {
+            cmd.args(["-o", &opts.join(",")]);
+            self.info.mount_opts = Some(opts.join(","));
         }
         let child = cmd
             .stdin(Stdio::null())
@@ -880,6 +893,7 @@ impl Probe for Target {
                 )?;
                 Ok(true)
             }
+            // With history off, a snapshot would keep nothing: unsupported.
             (Kind::Anvil, _) => {
                 let mnt = self.mount.as_deref().unwrap_or(Path::new("/"));
                 set_xattr(mnt, "trusted.anvil.snapshot", name.as_bytes())?;
