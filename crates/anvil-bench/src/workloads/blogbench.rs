@@ -1409,8 +1409,8 @@ fn harness_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
 }
 
 /// The same operations as [`harness_pass`] as a plain loop of libc calls
-/// relative to a directory descriptor (openat/write/close/renameat,
-/// openat/read/close, mkdirat), with the same flags and sizes.
+/// (openat/write/close/renameat, openat/read/close, mkdirat) on the same full
+/// paths that [`PosixVfs`] uses, with the same flags and sizes.
 fn raw_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
     use std::os::unix::ffi::OsStrExt;
     fn os_err(what: &str) -> BenchError {
@@ -1419,10 +1419,11 @@ fn raw_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
             io::Error::last_os_error()
         ))
     }
-    /// Puts `blog-{blog}/{prefix}{n}{suffix}` plus an optional ".tmp" and a
-    /// NUL into `buf`.
-    fn path(buf: &mut Vec<u8>, blog: u64, kind: Kind, n: u32, tmp: bool) {
+    /// Puts `{dir}/blog-{blog}/{prefix}{n}{suffix}` plus an optional ".tmp"
+    /// and a NUL into `buf`.
+    fn path(buf: &mut Vec<u8>, dir: &[u8], blog: u64, kind: Kind, n: u32, tmp: bool) {
         buf.clear();
+        buf.extend_from_slice(dir);
         let _ = write!(buf, "blog-{blog}/{}{n}{}", kind.prefix(), kind.suffix());
         if tmp {
             buf.extend_from_slice(TMP_SUFFIX.as_bytes());
@@ -1430,18 +1431,11 @@ fn raw_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
         buf.push(0);
     }
 
-    let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| BenchError("path with a NUL byte".into()))?;
-    // SAFETY: valid NUL-terminated path.
-    let root = unsafe {
-        libc::open(
-            cdir.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if root < 0 {
-        return Err(os_err("open dir"));
+    let mut prefix = dir.as_os_str().as_bytes().to_vec();
+    if prefix.last() != Some(&b'/') {
+        prefix.push(b'/');
     }
+    let root = libc::AT_FDCWD;
     let mut rng = StdRng::seed_from_u64(seed);
     let zeros = [0u8; WRITE_CHUNK];
     let mut rbuf = vec![0u8; READ_CHUNK];
@@ -1452,6 +1446,7 @@ fn raw_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
     let result = (|| -> Result<()> {
         for blog in 0..u64::from(blogs) {
             name.clear();
+            name.extend_from_slice(&prefix);
             let _ = write!(name, "blog-{blog}\0");
             // SAFETY: valid fd and NUL-terminated path.
             if unsafe { libc::mkdirat(root, name.as_ptr().cast(), DIR_MODE as libc::mode_t) } != 0 {
@@ -1460,8 +1455,8 @@ fn raw_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
             for kind in [Kind::Article, Kind::Picture] {
                 let count = count_per_blog(&mut rng);
                 for n in (1..=count).rev() {
-                    path(&mut name, blog, kind, n, false);
-                    path(&mut tmp, blog, kind, n, true);
+                    path(&mut name, &prefix, blog, kind, n, false);
+                    path(&mut tmp, &prefix, blog, kind, n, true);
                     let mut left = file_size(kind, &mut rng) as usize;
                     // SAFETY: valid fd and NUL-terminated path.
                     let fd = unsafe {
@@ -1503,7 +1498,7 @@ fn raw_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
             for n in 1.. {
                 let mut article_found = false;
                 for kind in [Kind::Picture, Kind::Article] {
-                    path(&mut name, blog, kind, n, false);
+                    path(&mut name, &prefix, blog, kind, n, false);
                     // SAFETY: valid fd and NUL-terminated path.
                     let fd = unsafe {
                         libc::openat(root, name.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC)
@@ -1531,8 +1526,6 @@ fn raw_pass(dir: &Path, blogs: u32, seed: u64) -> Result<(u64, f64)> {
         Ok(())
     })();
     let secs = t0.elapsed().as_secs_f64();
-    // SAFETY: `root` is open and ours.
-    unsafe { libc::close(root) };
     result.map(|()| (files, secs))
 }
 

@@ -536,27 +536,18 @@ fn harness_pass(dir: &Path, files: u32) -> Result<Vec<(String, f64)>> {
 /// data), as a straight libc loop: (phase, ops/s).
 fn raw_pass(dir: &Path, files: u32) -> Result<Vec<(String, f64)>> {
     let p = pair_params(files);
-    let Ok(cdir) = CString::new(dir.as_os_str().as_encoded_bytes()) else {
+    // The same full paths as `PosixVfs` uses, so the kernel walks the same components.
+    let Some(prefix) = dir
+        .to_str()
+        .map(|d| format!("{}/", d.trim_end_matches('/')))
+    else {
         return fail(format!("metadata: bad path {}", dir.display()));
     };
-    // SAFETY: valid NUL-terminated path.
-    let dfd = unsafe {
-        libc::open(
-            cdir.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if dfd < 0 {
-        return Err(std::io::Error::last_os_error()).ctx(|| format!("open {}", dir.display()));
-    }
-    let res = raw_loops(dfd, &p);
-    // SAFETY: `dfd` is ours and closed once.
-    unsafe { libc::close(dfd) };
-    res
+    raw_loops(libc::AT_FDCWD, &prefix, &p)
 }
 
-fn raw_loops(dfd: libc::c_int, p: &Params) -> Result<Vec<(String, f64)>> {
-    let c = |s: &str| CString::new(s).unwrap_or_default();
+fn raw_loops(dfd: libc::c_int, prefix: &str, p: &Params) -> Result<Vec<(String, f64)>> {
+    let c = |s: &str| CString::new(format!("{prefix}{s}")).unwrap_or_default();
     let check = |ret: libc::c_int, what: &str| -> Result<()> {
         if ret < 0 {
             Err(std::io::Error::last_os_error()).ctx(|| format!("metadata raw: {what}"))
