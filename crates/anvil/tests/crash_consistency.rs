@@ -125,6 +125,8 @@ fn dump_at(fs: &Filesystem, tid: u64) -> Dump {
 enum Step {
     Op(Action),
     Sync,
+    /// A snapshot: a commit that is also kept under this label.
+    Snapshot(String),
     Fsync,
 }
 
@@ -299,7 +301,8 @@ fn random_workload(seed: u64) -> Vec<Step> {
                         .and_then(|ino| fs.setxattr(ino, b"user.x", &[fill; 40], false, false)),
                 )
             }),
-            8 => Step::Sync,
+            8 if next(2) == 0 => Step::Sync,
+            8 => Step::Snapshot(format!("s{}", steps.len())),
             _ => Step::Fsync,
         });
     }
@@ -323,8 +326,10 @@ fn fresh_image() -> Vec<u8> {
 struct Reference {
     /// State after each step (index 0: before the first step).
     dumps: Vec<Dump>,
-    /// (TID, state) of every sync.
+    /// (TID, state) of every sync and snapshot.
     commits: Vec<(u64, Dump)>,
+    /// (label, TID, step index) of every snapshot.
+    snapshots: Vec<(String, u64, usize)>,
     writes_total: u64,
 }
 
@@ -336,6 +341,7 @@ fn run(fs: &Filesystem, steps: &[Step]) -> (usize, usize) {
         let result = match step {
             Step::Op(f) => f(fs),
             Step::Sync => fs.sync().map(|_| ()),
+            Step::Snapshot(label) => fs.snapshot(label).map(|_| ()),
             Step::Fsync => fs.fsync(1),
         };
         if result.is_err() {
@@ -353,12 +359,18 @@ fn reference(image: &[u8], steps: &[Step]) -> Reference {
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
     let mut dumps = vec![dump(&fs)];
     let mut commits = Vec::new();
-    for step in steps {
+    let mut snapshots = Vec::new();
+    for (index, step) in steps.iter().enumerate() {
         match step {
             Step::Op(f) => f(&fs).unwrap(),
             Step::Sync => {
                 let tid = fs.sync().unwrap();
                 commits.push((tid, dump(&fs)));
+            }
+            Step::Snapshot(label) => {
+                let tid = fs.snapshot(label).unwrap();
+                commits.push((tid, dump(&fs)));
+                snapshots.push((label.clone(), tid, index));
             }
             Step::Fsync => fs.fsync(1).unwrap(),
         }
@@ -368,6 +380,7 @@ fn reference(image: &[u8], steps: &[Step]) -> Reference {
     Reference {
         dumps,
         commits,
+        snapshots,
         writes_total,
     }
 }
@@ -416,6 +429,16 @@ fn crash_at_every_write() {
                 for (tid, expected) in &reference.commits {
                     if *tid < committed {
                         assert_eq!(&dump_at(&fs, *tid), expected, "{context}: as-of view {tid}");
+                    }
+                }
+                // Every snapshot acknowledged before the power cut is listed, at its TID.
+                let listed = fs.snapshots().unwrap();
+                for (label, tid, index) in &reference.snapshots {
+                    if *index < durable {
+                        assert!(
+                            listed.iter().any(|s| &s.label == label && s.tid == *tid),
+                            "{context}: snapshot {label} at {tid} lost: {listed:?}"
+                        );
                     }
                 }
                 // The recovered volume keeps working.
