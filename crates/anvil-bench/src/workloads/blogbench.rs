@@ -1906,48 +1906,4 @@ mod tests {
         };
         assert_eq!(listing(a.path()), listing(b.path()));
     }
-
-    /// Manual: `BLOGBENCH_DIR=/tmp/x BLOGBENCH_TIER=quick <test binary>
-    /// blogbench_manual_run --ignored --nocapture` prints a run's text.
-    #[test]
-    #[ignore]
-    fn blogbench_manual_run() {
-        let dir = PathBuf::from(std::env::var("BLOGBENCH_DIR").expect("BLOGBENCH_DIR"));
-        let tier = match std::env::var("BLOGBENCH_TIER").as_deref() {
-            Ok("quick") => Tier::Quick,
-            Ok("standard") => Tier::Standard,
-            Ok("full") => Tier::Full,
-            _ => Tier::Tiny,
-        };
-        std::fs::create_dir_all(&dir).unwrap();
-        let w = workload(tier, &[]).unwrap();
-        let out = with_env(&dir, |env| w.run(env)).unwrap();
-        print!("{}", out.text);
-        println!("errors: {} {}", out.errors, out.extra["first_errors"]);
-        for m in &out.metrics {
-            println!("{} = {:.1} {}", m.name, m.value, m.unit);
-        }
-        println!(
-            "{}",
-            serde_json::to_string(&out.extra["intervals"]).unwrap()
-        );
-    }
-
-    /// Manual: `BLOGBENCH_OVERHEAD_DIR=/dev/shm/x BLOGBENCH_BLOGS=50 <test
-    /// binary> blogbench_manual_overhead --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn blogbench_manual_overhead() {
-        let dir = PathBuf::from(std::env::var("BLOGBENCH_OVERHEAD_DIR").expect("dir"));
-        let blogs = std::env::var("BLOGBENCH_BLOGS")
-            .ok()
-            .and_then(|b| b.parse().ok())
-            .unwrap_or(50);
-        std::fs::create_dir_all(&dir).unwrap();
-        let (harness, raw) = overhead_pair(&dir, blogs).unwrap();
-        println!(
-            "harness {harness:.0} files/s, raw {raw:.0} files/s, ratio {:.3}",
-            harness / raw
-        );
-    }
 }

@@ -1131,31 +1131,4 @@ mod tests {
         }
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
-
-    /// A manual run: `IOZONE_DIR=/tmp/x IOZONE_TIER=quick cargo test -p
-    /// anvil-bench iozone_manual -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn iozone_manual_run() {
-        let dir = std::env::var("IOZONE_DIR").unwrap_or_else(|_| "/tmp".into());
-        let tier = match std::env::var("IOZONE_TIER").as_deref() {
-            Ok("quick") => Tier::Quick,
-            Ok("standard") => Tier::Standard,
-            Ok("full") => Tier::Full,
-            _ => Tier::Tiny,
-        };
-        let tmp = tempfile::tempdir_in(dir).unwrap();
-        let w = workload(tier, &[]).unwrap();
-        let t0 = Instant::now();
-        let out = with_env(tmp.path(), |env| w.run(env)).unwrap();
-        println!("{}", out.text);
-        for ph in &out.phases {
-            println!("phase {} {:.3} s", ph.name, ph.wall_s);
-        }
-        println!(
-            "{} metrics; took {:.2} s",
-            out.metrics.len(),
-            t0.elapsed().as_secs_f64()
-        );
-    }
 }

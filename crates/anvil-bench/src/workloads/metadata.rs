@@ -763,49 +763,4 @@ mod tests {
         assert!(pairs.iter().all(|p| p.1 > 0.0 && p.2 > 0.0));
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
-
-    /// Manual runs:
-    /// `METADATA_DIR=/tmp METADATA_TIER=quick cargo test -p anvil-bench
-    /// metadata_manual -- --ignored --nocapture`; `METADATA_PAIR=N` runs
-    /// overhead_pair with N files instead, and `METADATA_PASS=harness|raw`
-    /// only one of its passes (for `strace -c -f`).
-    #[test]
-    #[ignore]
-    fn metadata_manual_run() {
-        let dir = std::env::var("METADATA_DIR").unwrap_or_else(|_| "/tmp".into());
-        let tmp = tempfile::tempdir_in(dir).unwrap();
-        let t0 = Instant::now();
-        if let Ok(n) = std::env::var("METADATA_PAIR") {
-            let n: u32 = n.parse().unwrap();
-            match std::env::var("METADATA_PASS").as_deref() {
-                Ok("harness") => {
-                    fresh_dir(&tmp.path().join("h")).unwrap();
-                    println!("{:?}", harness_pass(&tmp.path().join("h"), n).unwrap());
-                }
-                Ok("raw") => {
-                    fresh_dir(&tmp.path().join("r")).unwrap();
-                    println!("{:?}", raw_pass(&tmp.path().join("r"), n).unwrap());
-                }
-                _ => {
-                    for (name, h, r) in overhead_pair(tmp.path(), n).unwrap() {
-                        println!(
-                            "{name:<8} harness {h:>10.0}  raw {r:>10.0}  ratio {:.3}",
-                            h / r
-                        );
-                    }
-                }
-            }
-        } else {
-            let tier = match std::env::var("METADATA_TIER").as_deref() {
-                Ok("quick") => Tier::Quick,
-                Ok("standard") => Tier::Standard,
-                Ok("full") => Tier::Full,
-                _ => Tier::Tiny,
-            };
-            let w = workload(tier, &[]).unwrap();
-            let out = with_env(tmp.path(), |env| w.run(env)).unwrap();
-            println!("{}", out.text);
-        }
-        println!("took {:.2} s", t0.elapsed().as_secs_f64());
-    }
 }

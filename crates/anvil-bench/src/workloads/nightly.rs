@@ -1362,28 +1362,4 @@ mod tests {
             .to_string()
             .contains("package nopkg"));
     }
-
-    /// `ANVIL_BENCH_TIER=quick ANVIL_BENCH_DIR=/tmp/x cargo test -p anvil-bench
-    /// nightly_demo -- --ignored --nocapture`: one run, printed.
-    #[test]
-    #[ignore]
-    fn nightly_demo() {
-        let tier = match std::env::var("ANVIL_BENCH_TIER").as_deref() {
-            Ok("quick") => Tier::Quick,
-            Ok("standard") => Tier::Standard,
-            Ok("full") => Tier::Full,
-            _ => Tier::Tiny,
-        };
-        let base = std::env::var("ANVIL_BENCH_DIR").unwrap_or_else(|_| "/tmp".into());
-        let work = tempfile::TempDir::new_in(base).unwrap();
-        let p = Params::for_tier(tier);
-        let t0 = std::time::Instant::now();
-        let out = with_env(work.path(), |env| run(&p, env)).unwrap();
-        println!("{}", out.text);
-        for m in &out.metrics {
-            println!("{} = {:.3} {}", m.name, m.value, m.unit);
-        }
-        println!("extra: {}", out.extra);
-        println!("run took {:.1} s", t0.elapsed().as_secs_f64());
-    }
 }

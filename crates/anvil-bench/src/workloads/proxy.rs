@@ -1566,40 +1566,6 @@ mod tests {
         assert_eq!(w.params()["cache_bytes"], 1280 * MIB);
     }
 
-    /// A run of any tier in a fresh directory under `PROXY_DIR` (default
-    /// /tmp), printing its table and metrics (run with --ignored --nocapture;
-    /// `PROXY_TIER=quick`, `PROXY_SET=key=value,...`).
-    #[test]
-    #[ignore]
-    fn manual_run() {
-        let base = std::env::var("PROXY_DIR").unwrap_or_else(|_| "/tmp".into());
-        let tier = match std::env::var("PROXY_TIER").as_deref() {
-            Ok("standard") => Tier::Standard,
-            Ok("full") => Tier::Full,
-            Ok("tiny") => Tier::Tiny,
-            _ => Tier::Quick,
-        };
-        let ov: Vec<(String, String)> = std::env::var("PROXY_SET")
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(|kv| crate::workloads::parse_override(kv).ok())
-            .collect();
-        let dir = tempfile::TempDir::new_in(base).unwrap();
-        let w = workload(tier, &ov).unwrap();
-        let t0 = Instant::now();
-        let out = crate::testkit::with_env(dir.path(), |env| w.run(env)).unwrap();
-        println!("{}", out.text);
-        for m in &out.metrics {
-            println!("{:<16} {:>14.4} {}", m.name, m.value, m.unit);
-        }
-        for ph in &out.phases {
-            println!("phase {:<8} {:.2} s", ph.name, ph.wall_s);
-        }
-        println!("errors {}", out.errors);
-        println!("{}", serde_json::to_string_pretty(&out.extra).unwrap());
-        println!("total {:.2} s", t0.elapsed().as_secs_f64());
-    }
-
     /// Prints the trace statistics of every tier (run with --ignored --nocapture).
     #[test]
     #[ignore]
