@@ -18,9 +18,12 @@
 //! test profile, for one) parse ours too. Deliberate differences, all recorded
 //! in the results:
 //!
-//! * The original draws from libc's global `rand()`, never seeded; here each
-//!   thread has its own PRNG seeded from the run's seed plus the thread index,
-//!   and the counters are atomics instead of racy globals.
+//! * The original draws from libc's global `rand()`, never seeded. Here all
+//!   threads draw from one seeded generator behind one lock, like glibc's
+//!   `rand()` (whose lock all 109 threads contend for, which the scores show);
+//!   `shared_rng=false` gives each thread its own generator seeded from the
+//!   run's seed plus the thread index. The counters are atomics instead of
+//!   racy globals.
 //! * Like 1.1, all readers read into one shared buffer (the cache-line
 //!   ping-pong it causes slows readers and shifts CPU to writers, which the
 //!   scores show); `shared_read_buffer=false` (`--private-read-buffers`)
@@ -165,6 +168,10 @@ pub struct Params {
     /// writers more CPU. False gives each reader its own buffer.
     #[serde(default = "yes")]
     pub shared_read_buffer: bool,
+    /// All threads draw random numbers from one generator behind one lock, as 1.1
+    /// does through libc's `rand()`. False gives each thread its own generator.
+    #[serde(default = "yes")]
+    pub shared_rng: bool,
     /// PRNG seed; 0 takes the run's seed from the harness.
     pub seed: u64,
 }
@@ -186,6 +193,7 @@ impl Params {
             content: Content::Zero,
             compat_1_2: false,
             shared_read_buffer: true,
+            shared_rng: true,
             seed: 0,
         };
         match tier {
@@ -391,6 +399,8 @@ struct Shared<'a> {
     read_chunk: usize,
     /// The one buffer of 1.1's readers, when `shared_read_buffer` is on.
     shared_buf: Option<SharedBuffer>,
+    /// The one generator of all threads, when `shared_rng` is on.
+    shared_rng: Option<Mutex<StdRng>>,
     /// Id the next new blog gets (a mutex-protected counter in the original).
     next_blog_id: AtomicU64,
     counters: Counters,
@@ -417,6 +427,7 @@ impl<'a> Shared<'a> {
             content,
             read_chunk,
             shared_buf: None,
+            shared_rng: None,
             next_blog_id: AtomicU64::new(0),
             counters: Counters::default(),
             errors: AtomicU64::new(0),
@@ -449,7 +460,43 @@ fn random_blog_id(next: u64, rng: &mut impl RngCore) -> u64 {
     if newest == 0 {
         0
     } else {
-        rng.next_u64() % newest
+        // Four draws, combined as the original combines four `rand()`s.
+        let mut r = || u64::from(rand31(rng));
+        (r() ^ (r() << 16) ^ (r() << 32) ^ (r() << 48)) % newest
+    }
+}
+
+/// A thread's random numbers: its own generator, or the one all threads share
+/// (locked for every draw, as glibc locks `rand()`).
+enum Draw<'a> {
+    Own(Box<StdRng>),
+    Shared(&'a Mutex<StdRng>),
+}
+
+impl Draw<'_> {
+    fn with<T>(&mut self, f: impl FnOnce(&mut StdRng) -> T) -> T {
+        match self {
+            Draw::Own(rng) => f(rng),
+            Draw::Shared(m) => f(&mut m.lock().unwrap_or_else(|e| e.into_inner())),
+        }
+    }
+}
+
+impl RngCore for Draw<'_> {
+    fn next_u32(&mut self) -> u32 {
+        self.with(|r| r.next_u32())
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.with(|r| r.next_u64())
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        self.with(|r| r.fill_bytes(dest))
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> std::result::Result<(), rand::Error> {
+        self.with(|r| r.try_fill_bytes(dest))
     }
 }
 
@@ -596,7 +643,7 @@ impl Role {
 /// One thread's private state.
 struct Worker<'a> {
     sh: &'a Shared<'a>,
-    rng: StdRng,
+    rng: Draw<'a>,
     source: Source,
     read_buf: Vec<u8>,
     /// Path buffers, reused from file to file.
@@ -614,6 +661,12 @@ impl<'a> Worker<'a> {
         let read_buf = match role {
             Role::Reader => vec![0; sh.read_chunk],
             _ => Vec::new(),
+        };
+        // The data pool above always comes from the thread's own generator: it is
+        // not part of the original, and drawing it should not contend.
+        let rng = match &sh.shared_rng {
+            Some(shared) => Draw::Shared(shared),
+            None => Draw::Own(Box::new(rng)),
         };
         Worker {
             sh,
@@ -975,6 +1028,9 @@ fn execute(
     if params.shared_read_buffer {
         shared.shared_buf = Some(SharedBuffer::new(params.read_chunk()));
     }
+    if params.shared_rng {
+        shared.shared_rng = Some(Mutex::new(StdRng::seed_from_u64(seed)));
+    }
     let interval = Duration::from_secs_f64(params.sleep_secs);
     let progress: &ProgressBar = env.progress;
     progress.set_length(u64::from(params.iterations));
@@ -1210,6 +1266,10 @@ pub struct BlogbenchArgs {
     /// Give each reader its own read buffer (1.1 shares one between all readers).
     #[arg(long)]
     pub private_read_buffers: bool,
+    /// Give each thread its own random generator (1.1 shares libc's `rand()`, and its
+    /// lock, between all threads).
+    #[arg(long)]
+    pub private_rng: bool,
     /// PRNG seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -1230,6 +1290,7 @@ impl BlogbenchArgs {
             content: self.content,
             compat_1_2: self.compat_1_2,
             shared_read_buffer: !self.private_read_buffers,
+            shared_rng: !self.private_rng,
             seed: self.seed,
         }
     }
@@ -1673,6 +1734,9 @@ mod tests {
             sleep_secs: 0.3,
             content: Content::Random,
             compat_1_2: true,
+            // The defaults (shared generator and buffer) run in the tiny-run test.
+            shared_rng: false,
+            shared_read_buffer: false,
             seed: 42,
             ..tiny()
         };
@@ -1813,6 +1877,8 @@ mod tests {
             "--compat-1.2",
             "--seed",
             "5",
+            "--private-rng",
+            "--private-read-buffers",
             "--json",
             "/o.json",
         ])
@@ -1824,6 +1890,7 @@ mod tests {
             (p.content, p.compat_1_2, p.seed),
             (Content::Random, true, 5)
         );
+        assert!(!p.shared_rng && !p.shared_read_buffer);
         assert_eq!(cmd.args.json.as_deref(), Some(Path::new("/o.json")));
 
         let tmp = tempfile::TempDir::new().unwrap();
