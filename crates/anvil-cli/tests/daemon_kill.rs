@@ -126,6 +126,10 @@ fn fsynced_files_survive_kill_dash_nine() {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        assert!(
+            common::wait_until_released(mount.image(), Duration::from_secs(10)),
+            "round {round}: the killed daemon still holds the image"
+        );
         let check = mount.check();
         assert!(
             check.status.success(),

@@ -61,6 +61,10 @@ fn second_mount_refused_and_sigterm_commits() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
+        common::wait_until_released(mount.image(), Duration::from_secs(10)),
+        "the stopped daemon still holds the image"
+    );
+    assert!(
         mount.check().status.success(),
         "volume not clean after SIGTERM"
     );

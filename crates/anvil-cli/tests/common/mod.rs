@@ -501,6 +501,27 @@ fn tail(text: &str, max: usize) -> &str {
     &text[start..]
 }
 
+/// Waits until no process holds the lock a mounted image carries, so that `anvil check`
+/// and a new mount can open it. A killed daemon's command line disappears from /proc
+/// (its memory is released first) before its files are closed, so the pid alone is not
+/// enough. False if the lock is still held after `timeout`.
+pub fn wait_until_released(image: &Path, timeout: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let started = Instant::now();
+    loop {
+        if let Ok(file) = File::open(image) {
+            // SAFETY: flock on a descriptor owned by `file`; closing it drops the lock.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return true;
+            }
+        }
+        if started.elapsed() >= timeout {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The pid of the `anvil mount` daemon serving `image`, if one runs.
 pub fn daemon_pid(image: &std::path::Path) -> Option<i32> {
     let needle = image.to_str()?.to_string();
