@@ -20,10 +20,9 @@
 //!
 //! * The original draws from libc's global `rand()`, never seeded. Here all
 //!   threads draw from one seeded generator behind one lock, like glibc's
-//!   `rand()` (whose lock all 109 threads contend for, which the scores show);
-//!   `shared_rng=false` gives each thread its own generator seeded from the
-//!   run's seed plus the thread index. The counters are atomics instead of
-//!   racy globals.
+//!   `rand()`, whose lock all 109 threads share; `shared_rng=false` gives each
+//!   thread its own generator seeded from the run's seed plus the thread index.
+//!   The counters are atomics instead of racy globals.
 //! * Like 1.1, all readers read into one shared buffer (the cache-line
 //!   ping-pong it causes slows readers and shifts CPU to writers, which the
 //!   scores show); `shared_read_buffer=false` (`--private-read-buffers`)
