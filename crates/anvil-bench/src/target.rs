@@ -382,10 +382,7 @@ impl Target {
         fs::create_dir_all(&mnt).ctx(|| format!("mkdir {}", mnt.display()))?;
         if is_mountpoint(&mnt) {
             // Left over from an interrupted run of ours: nothing in it is worth keeping.
-            let _ = run_cmd(Command::new("umount").arg(&mnt));
-            if is_mountpoint(&mnt) {
-                let _ = run_cmd(Command::new("umount").arg("-l").arg(&mnt));
-            }
+            let _ = unmount(&mnt);
             if is_mountpoint(&mnt) {
                 return fail(format!(
                     "{} is still mounted from an earlier run and cannot be unmounted",

@@ -40,8 +40,16 @@ pub trait VFile: Send {
     /// reference to that memory may exist while any thread is in this call.
     unsafe fn read_shared(&mut self, buf: *mut u8, len: usize) -> io::Result<usize> {
         let _ = buf;
-        let mut private = vec![0u8; len];
-        self.read(&mut private)
+        thread_local! {
+            /// The private buffer, kept from call to call (this is a reader's hot path).
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with_borrow_mut(|private| {
+            if private.len() < len {
+                private.resize(len, 0);
+            }
+            self.read(&mut private[..len])
+        })
     }
 
     /// Writes all of `buf`.
@@ -135,13 +143,9 @@ impl VFile for PosixFile {
     }
 
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: `buf` is valid for `buf.len()` bytes.
-        let n = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes and borrowed mutably, so
+        // nothing else refers to it during the call.
+        unsafe { self.read_shared(buf.as_mut_ptr(), buf.len()) }
     }
 
     fn fsync(&mut self) -> io::Result<()> {

@@ -543,10 +543,12 @@ fn raw_pass(dir: &Path, files: u32) -> Result<Vec<(String, f64)>> {
     else {
         return fail(format!("metadata: bad path {}", dir.display()));
     };
-    raw_loops(libc::AT_FDCWD, &prefix, &p)
+    raw_loops(&prefix, &p)
 }
 
-fn raw_loops(dfd: libc::c_int, prefix: &str, p: &Params) -> Result<Vec<(String, f64)>> {
+fn raw_loops(prefix: &str, p: &Params) -> Result<Vec<(String, f64)>> {
+    // Full paths, like `PosixVfs`: the *at calls take them relative to nothing.
+    let dfd = libc::AT_FDCWD;
     let c = |s: &str| CString::new(format!("{prefix}{s}")).unwrap_or_default();
     let check = |ret: libc::c_int, what: &str| -> Result<()> {
         if ret < 0 {
