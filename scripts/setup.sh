@@ -77,8 +77,23 @@ build_anvil() {
     log "anvil binary: $ROOT/target/release/anvil"
 }
 
+# FUSE over io_uring (Linux 6.14+) is off by default; anvil mount uses it when it is on.
+enable_fuse_uring() {
+    local param=/sys/module/fuse/parameters/enable_uring
+    if [[ ! -e "$param" ]]; then
+        log "FUSE over io_uring: not in this kernel; anvil mount uses the classic transport"
+    elif [[ "$(cat "$param")" == Y ]]; then
+        log "FUSE over io_uring: on"
+    elif ((EUID == 0)) && echo Y > "$param" 2>/dev/null; then
+        log "FUSE over io_uring: turned on ($param)"
+    else
+        log "FUSE over io_uring: off and cannot be turned on here (needs root); classic transport"
+    fi
+}
+
 command -v cargo >/dev/null || die "cargo not found in PATH"
 install_apt_packages
+enable_fuse_uring
 install_cargo_tools
 build_anvil
 log "done"

@@ -16,14 +16,31 @@ step "format and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo tests (engine, crash simulation, model tests, mount tests)"
+# The mount tests run once per transport the machine offers.
+TRANSPORTS=(classic)
+if [[ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" == Y ]]; then
+    TRANSPORTS=(uring classic)
+else
+    echo "FUSE over io_uring is not offered here: mount tests run on the classic transport only"
+fi
+
 # Mount tests must not skip in CI: without root or FUSE they fail loudly.
-ANVIL_REQUIRE_FUSE=1 cargo test --workspace --locked
+for t in "${TRANSPORTS[@]}"; do
+    if [[ "$t" == "${TRANSPORTS[0]}" ]]; then
+        step "cargo tests (engine, crash simulation, model tests; mount tests on transport=$t)"
+        ANVIL_TEST_MOUNT_OPTS="transport=$t" ANVIL_REQUIRE_FUSE=1 cargo test --workspace --locked
+    else
+        step "mount tests on transport=$t"
+        ANVIL_TEST_MOUNT_OPTS="transport=$t" ANVIL_REQUIRE_FUSE=1 cargo test -p anvil-cli --locked
+    fi
+done
 
 if [[ "${QUICK:-0}" != 1 ]]; then
-    step "pjdfstest against a real mount"
-    scripts/run-pjdfstest.sh target/release/anvil
-    step "fsx: 100,000 operations against a real mount"
-    scripts/run-fsx.sh target/release/anvil 100000
+    for t in "${TRANSPORTS[@]}"; do
+        step "pjdfstest against a real mount (transport=$t)"
+        ANVIL_MOUNT_OPTS="transport=$t" scripts/run-pjdfstest.sh target/release/anvil
+        step "fsx: 100,000 operations against a real mount (transport=$t)"
+        ANVIL_MOUNT_OPTS="transport=$t" scripts/run-fsx.sh target/release/anvil 100000
+    done
 fi
 step "all tests passed"

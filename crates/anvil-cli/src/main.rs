@@ -60,6 +60,18 @@ enum Command {
         #[arg(long)]
         device_log: Option<PathBuf>,
     },
+    /// Serve a trivial in-memory file system on DIR through the same transports and options
+    /// as `mount` (nothing is kept): measures what a transport costs by itself.
+    #[command(hide = true)]
+    Memfs {
+        dir: PathBuf,
+        #[arg(short = 'o', value_delimiter = ',')]
+        options: Vec<String>,
+        #[arg(short = 'f', long)]
+        foreground: bool,
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
     /// Replay a device log onto a copy of the image as it was at mount, and check the volume
     /// at every flush point; exit 0 only when every point is clean.
     ReplayCheck {
@@ -102,6 +114,16 @@ enum Command {
     DropCaches {
         /// The directory the volume is mounted on.
         dir: PathBuf,
+    },
+    /// Requests the kernel sent the mount's daemon, per opcode, and the transport serving it.
+    Stats {
+        /// The directory the volume is mounted on.
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Set the counts back to zero (after printing them).
+        #[arg(long)]
+        reset: bool,
     },
     /// Take a snapshot of a mounted volume: commit now and keep that TID until removed.
     Snapshot {
@@ -228,6 +250,12 @@ fn main() -> ExitCode {
             as_of.as_deref(),
             device_log.as_deref(),
         ),
+        Command::Memfs {
+            dir,
+            options,
+            foreground,
+            log,
+        } => mount::run_memfs(&dir, &options, foreground, log.as_deref()),
         Command::ReplayCheck {
             base,
             log,
@@ -242,6 +270,7 @@ fn main() -> ExitCode {
             0
         }),
         Command::DropCaches { dir } => mount::drop_caches(&dir).map(|()| 0),
+        Command::Stats { dir, json, reset } => mount::stats(&dir, json, reset).map(|()| 0),
         Command::Snapshot { dir, label } => history::snapshot(&dir, &label),
         Command::Snapls { dir, json } => history::snapls(&dir, json),
         Command::Snaprm { dir, snapshot } => history::snaprm(&dir, &snapshot),

@@ -7,7 +7,7 @@
 
 use anvil::device::FileDevice;
 use anvil::{Filesystem, MountOptions};
-use anvil_fuse::{fuser, AnvilFuse};
+use anvil_fuse::{classic::Classic, fuser, uring, AnvilFuse, Backend};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -28,6 +28,17 @@ struct Config {
     writeback: bool,
     as_of: Option<String>,
     device_log: Option<std::path::PathBuf>,
+    transport: Transport,
+    queue_depth: u16,
+    idle_workers: bool,
+}
+
+/// How requests reach the daemon: `auto` takes io_uring when the kernel offers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    Auto,
+    Uring,
+    Classic,
 }
 
 fn parse_options(options: &[String]) -> Result<Config, String> {
@@ -39,6 +50,9 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         writeback: false,
         as_of: None,
         device_log: None,
+        transport: Transport::Auto,
+        queue_depth: uring::DEFAULT_QUEUE_DEPTH,
+        idle_workers: true,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -67,6 +81,22 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
             "writeback" => config.writeback = true,
             "nowriteback" => config.writeback = false,
             "threads" => config.threads = number(value)?.clamp(1, 64) as usize,
+            "transport" => {
+                config.transport = match value {
+                    Some("auto") => Transport::Auto,
+                    Some("uring") => Transport::Uring,
+                    Some("classic") => Transport::Classic,
+                    _ => return Err("option transport: auto, uring or classic".to_string()),
+                }
+            }
+            "worker_sched" => {
+                config.idle_workers = match value {
+                    Some("idle") => true,
+                    Some("normal") => false,
+                    _ => return Err("option worker_sched: idle or normal".to_string()),
+                }
+            }
+            "queue_depth" => config.queue_depth = number(value)?.clamp(1, 256) as u16,
             // Always on: accepted for compatibility with fstab habits.
             "allow_other" | "default_permissions" | "defaults" => {}
             _ => return Err(format!("unknown mount option {option:?}")),
@@ -182,9 +212,29 @@ fn init_logging(log: Option<&Path>) -> Result<(), String> {
     Ok(())
 }
 
-fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result<u8, String> {
+/// Picks the transport: (use io_uring, the one-line reason).
+fn choose_transport(config: &Config) -> Result<(bool, String), String> {
+    match (config.transport, uring::availability()) {
+        (Transport::Classic, _) => Ok((false, "transport=classic".to_string())),
+        (Transport::Uring, Ok(())) => Ok((true, "transport=uring".to_string())),
+        (Transport::Uring, Err(why)) => Err(format!("transport=uring: {why}")),
+        (Transport::Auto, Ok(())) => Ok((true, "the kernel offers FUSE over io_uring".to_string())),
+        (Transport::Auto, Err(why)) => Ok((false, why)),
+    }
+}
+
+fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Result<u8, String> {
     if let Err(e) = init_logging(log) {
         return startup_error(e);
+    }
+    let (use_uring, why) = match choose_transport(&config) {
+        Ok(choice) => choice,
+        Err(e) => return startup_error(e),
+    };
+    if use_uring {
+        // The rings' buffers come out of the memory budget.
+        let rings = uring::ring_bytes(config.queue_depth);
+        config.mount.cache_bytes = config.mount.cache_bytes.saturating_sub(rings).max(16 << 20);
     }
     let device = match FileDevice::open(image, !config.mount.read_only) {
         Ok(device) => device,
@@ -201,13 +251,131 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
             Err(e) => return startup_error(format!("cannot create {}: {e}", path.display())),
         },
     };
-    let fs = match Filesystem::open(device, config.mount) {
+    let fs = match Filesystem::open(device, config.mount.clone()) {
         Ok(fs) => Arc::new(fs),
         Err(e) => return startup_error(format!("{}: {e}", image.display())),
     };
+    let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
+    if let Some(spec) = &config.as_of {
+        match fs.resolve_as_of(spec) {
+            Ok(tid) => adapter = adapter.as_of(tid),
+            Err(e) => return startup_error(format!("--as-of {spec}: {e}")),
+        }
+    }
+    let adapter = Arc::new(adapter);
+    let fs_name = image.display().to_string();
+    let served = match serve_backend(adapter, dir, &fs_name, read_only, &config, use_uring, why) {
+        Ok(served) => served,
+        Err(e) => {
+            let _ = fs.close();
+            return startup_error(e);
+        }
+    };
+    let closed = fs.close();
+    log::info!("unmounted {}", dir.display());
+    if let Err(e) = served {
+        return Err(format!("FUSE session ended with an error: {e}"));
+    }
+    closed.map_err(|e| format!("final commit failed: {e}"))?;
+    Ok(0)
+}
+
+/// Mounts `dir` with the chosen transport (io_uring falls back to classic under `auto`),
+/// announces readiness and serves until unmounted. Err: the mount could not be made.
+fn serve_backend<B: Backend>(
+    backend: Arc<B>,
+    dir: &Path,
+    fs_name: &str,
+    read_only: bool,
+    config: &Config,
+    mut use_uring: bool,
+    mut why: String,
+) -> Result<std::io::Result<()>, String> {
     let root = unsafe { libc::geteuid() } == 0;
+    let announce = || announce_ready(fs_name, dir);
+    if use_uring {
+        let mount_config = uring::MountConfig {
+            fs_name: fs_name.to_string(),
+            read_only,
+            privileged: root,
+            queue_depth: config.queue_depth,
+            idle_workers: config.idle_workers,
+        };
+        match uring::Session::mount(&*backend, dir, &mount_config) {
+            Ok(session) => {
+                log::info!(
+                    "transport: io_uring ({why}; {} queues x {} entries)",
+                    uring::queue_count(),
+                    config.queue_depth
+                );
+                on_signal_unmount(dir, None);
+                return Ok(session.run(backend, announce));
+            }
+            Err(e) if config.transport == Transport::Auto => {
+                why = format!("io_uring mount failed: {e}");
+                use_uring = false;
+            }
+            Err(e) => return Err(format!("cannot mount on {}: {e}", dir.display())),
+        }
+    }
+    debug_assert!(!use_uring);
+    log::info!("transport: classic /dev/fuse ({why})");
+    let mut session = classic_session(backend, dir, fs_name, read_only, root, config.threads)
+        .map_err(|e| format!("cannot mount on {}: {e}", dir.display()))?;
+    on_signal_unmount(dir, Some(session.unmount_callable()));
+    announce();
+    // fuser's worker threads inherit the policy of this thread.
+    if config.idle_workers {
+        anvil_fuse::set_idle_policy(true);
+    }
+    let served = session.run();
+    if config.idle_workers {
+        anvil_fuse::set_idle_policy(false);
+    }
+    Ok(served)
+}
+
+/// `anvil memfs DIR`: a trivial in-memory file system on the same transports and options,
+/// to measure what a transport costs by itself (the ceiling for the volume's figures).
+pub fn run_memfs(
+    dir: &Path,
+    options: &[String],
+    foreground: bool,
+    log: Option<&Path>,
+) -> Result<u8, String> {
+    let config = parse_options(options)?;
+    if !dir.is_dir() {
+        return Err(format!("mount point {} is not a directory", dir.display()));
+    }
+    if !foreground {
+        return spawn_daemon(Path::new("memfs"), dir);
+    }
+    if let Err(e) = init_logging(log) {
+        return startup_error(e);
+    }
+    let (use_uring, why) = match choose_transport(&config) {
+        Ok(choice) => choice,
+        Err(e) => return startup_error(e),
+    };
+    let memfs = Arc::new(anvil_fuse::memfs::MemFs::new(config.ttl, config.writeback));
+    match serve_backend(memfs, dir, "memfs", false, &config, use_uring, why) {
+        Ok(served) => served
+            .map(|()| 0)
+            .map_err(|e| format!("FUSE session ended with an error: {e}")),
+        Err(e) => startup_error(e),
+    }
+}
+
+fn classic_session<B: Backend>(
+    adapter: Arc<B>,
+    dir: &Path,
+    fs_name: &str,
+    read_only: bool,
+    root: bool,
+    threads: usize,
+) -> std::io::Result<fuser::Session<Classic<B>>> {
     let mut mount_options = vec![
-        fuser::MountOption::FSName(image.display().to_string()),
+        fuser::MountOption::FSName(fs_name.to_string()),
         fuser::MountOption::Subtype("anvil".to_string()),
         fuser::MountOption::DefaultPermissions,
     ];
@@ -225,39 +393,36 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
     } else {
         fuser::SessionACL::Owner
     };
-    fuse_config.n_threads = Some(config.threads);
+    fuse_config.n_threads = Some(threads);
     fuse_config.clone_fd = true;
-    let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
-    if let Some(spec) = &config.as_of {
-        match fs.resolve_as_of(spec) {
-            Ok(tid) => adapter = adapter.as_of(tid),
-            Err(e) => return startup_error(format!("--as-of {spec}: {e}")),
-        }
-    }
-    let notifier_slot = adapter.notifier_slot();
-    let mut session = match fuser::Session::new(adapter, dir, &fuse_config) {
-        Ok(session) => session,
-        Err(e) => {
-            let _ = fs.close();
-            return startup_error(format!("cannot mount on {}: {e}", dir.display()));
-        }
-    };
-    let _ = notifier_slot.set(session.notifier());
-    let mut unmounter = session.unmount_callable();
-    let dir_for_signals = dir.to_path_buf();
+    let session = fuser::Session::new(Classic(adapter.clone()), dir, &fuse_config)?;
+    adapter.set_notifier(anvil_fuse::Notifier::Classic(session.notifier()));
+    Ok(session)
+}
+
+/// SIGINT and SIGTERM unmount, which ends the session after the final commit.
+fn on_signal_unmount(dir: &Path, mut unmounter: Option<fuser::SessionUnmounter>) {
+    let dir = dir.to_path_buf();
     match signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]) {
         Ok(mut signals) => {
             std::thread::spawn(move || {
                 if signals.forever().next().is_some() {
-                    log::info!("signal received: unmounting {}", dir_for_signals.display());
-                    if unmounter.unmount().is_err() {
-                        lazy_unmount(&dir_for_signals);
+                    log::info!("signal received: unmounting {}", dir.display());
+                    let done = match unmounter.as_mut() {
+                        Some(u) => u.unmount().is_ok(),
+                        None => plain_unmount(&dir),
+                    };
+                    if !done {
+                        lazy_unmount(&dir);
                     }
                 }
             });
         }
         Err(e) => log::warn!("cannot install signal handlers: {e}"),
     }
+}
+
+fn announce_ready(name: &str, dir: &Path) {
     if std::env::var_os(READY_ENV).is_some() {
         println!("ready");
         let _ = std::io::stdout().flush();
@@ -265,19 +430,19 @@ fn serve(image: &Path, dir: &Path, config: Config, log: Option<&Path>) -> Result
     } else {
         eprintln!(
             "mounted {} on {}; Ctrl-C or `umount {}` to unmount",
-            image.display(),
+            name,
             dir.display(),
             dir.display()
         );
     }
-    let served = session.run();
-    let closed = fs.close();
-    log::info!("unmounted {}", dir.display());
-    if let Err(e) = served {
-        return Err(format!("FUSE session ended with an error: {e}"));
+}
+
+fn plain_unmount(dir: &Path) -> bool {
+    match CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: path is a valid NUL-terminated string.
+        Ok(path) => unsafe { libc::umount2(path.as_ptr(), 0) == 0 },
+        Err(_) => false,
     }
-    closed.map_err(|e| format!("final commit failed: {e}"))?;
-    Ok(0)
 }
 
 fn lazy_unmount(dir: &Path) {
@@ -292,6 +457,40 @@ fn detach_stdout() {
         // SAFETY: both descriptors are valid; dup2 replaces stdout atomically.
         unsafe { libc::dup2(null.as_raw_fd(), 1) };
     }
+}
+
+/// `anvil stats DIR`: requests per opcode since mount (or the last `--reset`).
+pub fn stats(dir: &Path, json: bool, reset: bool) -> Result<(), String> {
+    query_info(dir)?; // A clear error when DIR is not an anvil mount.
+    let text = get_xattr(dir, anvil_fuse::REQUESTS_XATTR)?;
+    if json {
+        println!("{text}");
+    } else {
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("daemon answered invalid JSON: {e}"))?;
+        println!(
+            "transport: {}",
+            value["transport"].as_str().unwrap_or("unknown")
+        );
+        let mut rows: Vec<(String, u64)> = value["requests"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let total: u64 = rows.iter().map(|r| r.1).sum();
+        for (op, n) in &rows {
+            println!("{op:<12} {n:>12}");
+        }
+        println!("{:<12} {total:>12}", "total");
+    }
+    if reset {
+        set_xattr(dir, anvil_fuse::REQUESTS_XATTR, b"0")?;
+    }
+    Ok(())
 }
 
 /// Commits a mounted volume through the root's control attribute; returns the durable TID.

@@ -262,14 +262,13 @@ impl AnvilFuse {
         let Some(notifier) = self.notifier.get() else {
             return;
         };
-        let _ = notifier.inval_inode(fuser::INodeNo(SNAPDIR_INO), 0, 0);
+        notifier.inval_inode(SNAPDIR_INO);
         for name in removed_names {
-            let _ = notifier.inval_entry(fuser::INodeNo(SNAPDIR_INO), std::ffi::OsStr::new(&name));
+            notifier.inval_entry(SNAPDIR_INO, &name);
         }
         if all_views {
             for ino in self.views.all_inos() {
-                // ENOENT for inodes the kernel already dropped is expected and harmless.
-                let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
+                notifier.inval_inode(ino);
             }
         }
     }

@@ -26,6 +26,9 @@ pub const ANVIL: &str = env!("CARGO_BIN_EXE_anvil");
 
 /// Environment variable that turns a missing FUSE into a test failure.
 pub const REQUIRE_FUSE_ENV: &str = "ANVIL_REQUIRE_FUSE";
+/// Extra mount options for every test mount (the test script runs the mount tests once
+/// per transport with `transport=classic` and `transport=uring`).
+pub const TEST_MOUNT_OPTS_ENV: &str = "ANVIL_TEST_MOUNT_OPTS";
 
 /// Image size used by [`Mount::new`].
 pub const DEFAULT_IMAGE_SIZE: &str = "2G";
@@ -196,9 +199,16 @@ impl Mount {
             self.image.clone().into_os_string(),
             self.mountpoint.clone().into_os_string(),
         ];
-        if let Some(opts) = &self.options {
+        // ANVIL_TEST_MOUNT_OPTS (e.g. transport=classic) applies to every test mount.
+        let extra = std::env::var(TEST_MOUNT_OPTS_ENV).unwrap_or_default();
+        // The test's own options come last, so they win over the environment's.
+        let opts: Vec<&str> = [extra.as_str(), self.options.as_deref().unwrap_or("")]
+            .into_iter()
+            .filter(|o| !o.is_empty())
+            .collect();
+        if !opts.is_empty() {
             args.push("-o".into());
-            args.push(opts.into());
+            args.push(opts.join(",").into());
         }
         let label = format!("mount{}", self.generation);
         let out = self.run(&label, ANVIL, &args);

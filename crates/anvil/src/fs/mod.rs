@@ -194,7 +194,8 @@ fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
 }
 
 /// Drops one link to `obj`; destroys it when no link and no open handle remains.
-fn drop_link(tx: &mut Tx<'_>, obj: u64, open: &HashMap<u64, u32>, now: Timestamp) -> Step<()> {
+/// `is_open` says whether anything (the kernel, a library handle) still holds `obj`.
+fn drop_link(tx: &mut Tx<'_>, obj: u64, is_open: bool, now: Timestamp) -> Step<()> {
     let mut inode = load_inode(tx, obj)?;
     inode.nlink = if inode.is_dir() {
         0
@@ -205,7 +206,7 @@ fn drop_link(tx: &mut Tx<'_>, obj: u64, open: &HashMap<u64, u32>, now: Timestamp
     if inode.nlink > 0 {
         return store_inode(tx, obj, &inode);
     }
-    if open.get(&obj).copied().unwrap_or(0) > 0 {
+    if is_open {
         store_inode(tx, obj, &inode)?;
         let orphan = LogicalKey {
             obj: VOLUME_OBJ,
@@ -637,8 +638,7 @@ impl Filesystem {
                 None,
             )?;
             touch_dir(tx, parent, -1, if is_dir { -1 } else { 0 }, now)?;
-            let open = self.open_handles.lock().clone();
-            drop_link(tx, entry.child, &open, now)
+            drop_link(tx, entry.child, self.is_open(entry.child), now)
         })
     }
 
@@ -757,8 +757,12 @@ impl Filesystem {
                 if target_is_dir && !is_empty_dir(tx, target_entry.child)? {
                     return fail(libc::ENOTEMPTY);
                 }
-                let open = self.open_handles.lock().clone();
-                drop_link(tx, target_entry.child, &open, now)?;
+                drop_link(
+                    tx,
+                    target_entry.child,
+                    self.is_open(target_entry.child),
+                    now,
+                )?;
                 touch_dir(tx, new_parent, -1, if target_is_dir { -1 } else { 0 }, now)?;
                 target_slot = Some(existing_slot);
             }
@@ -1020,6 +1024,11 @@ impl Filesystem {
             inode.ctime = Timestamp::now();
             store_inode(tx, ino, &inode)
         })
+    }
+
+    /// Whether an open handle holds `ino` (then unlinking its last name makes it an orphan).
+    fn is_open(&self, ino: u64) -> bool {
+        self.open_handles.lock().get(&ino).is_some_and(|&n| n > 0)
     }
 
     /// Registers an open handle; an unlinked object lives until its last handle closes.

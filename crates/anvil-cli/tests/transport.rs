@@ -1,0 +1,100 @@
+//! Both transports serve the mount, say which one they are, and a small file costs only
+//! the round trips it must: no OPEN, RELEASE or FLUSH per file, and no
+//! `security.capability` lookup before every write (FUSE_HANDLE_KILLPRIV_V2).
+
+mod common;
+
+use std::io::Write;
+use std::process::Command;
+
+const ANVIL: &str = env!("CARGO_BIN_EXE_anvil");
+const FILES: u64 = 40;
+
+/// `anvil stats DIR --json`, then the counts set back to zero.
+fn stats(dir: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(ANVIL)
+        .args(["stats", dir.to_str().unwrap(), "--json", "--reset"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn count(stats: &serde_json::Value, op: &str) -> u64 {
+    stats["requests"][op].as_u64().unwrap_or(0)
+}
+
+fn round_trips(transport: &str) {
+    let mount = common::Mount::with_options("256M", Some(&format!("transport={transport}")));
+    stats(mount.path());
+
+    for i in 0..FILES {
+        std::fs::write(mount.path().join(format!("f{i}")), [7u8; 4096]).unwrap();
+    }
+    let s = stats(mount.path());
+    assert_eq!(s["transport"], transport, "{s}");
+    assert_eq!(count(&s, "MKNOD"), FILES, "{s}");
+    assert_eq!(count(&s, "WRITE"), FILES, "{s}");
+    // The kernel learns "no CREATE" and "no OPEN" from the first of each.
+    assert!(count(&s, "CREATE") <= 1, "{s}");
+    assert!(count(&s, "OPEN") <= 1, "{s}");
+    assert!(count(&s, "FLUSH") <= 1, "{s}");
+    assert_eq!(count(&s, "RELEASE"), 0, "{s}");
+    // One security.capability lookup per new file, plus this command's two reads.
+    assert!(count(&s, "GETXATTR") <= FILES + 2, "{s}");
+
+    let mut file = std::fs::File::create(mount.path().join("many-writes")).unwrap();
+    for _ in 0..FILES {
+        file.write_all(&[1u8; 4096]).unwrap();
+    }
+    drop(file);
+    let s = stats(mount.path());
+    assert_eq!(count(&s, "WRITE"), FILES, "{s}");
+    // Without KILLPRIV_V2 every write would be preceded by a GETXATTR.
+    assert!(count(&s, "GETXATTR") <= 4, "{s}");
+    assert_eq!(
+        std::fs::read(mount.path().join("f3")).unwrap(),
+        vec![7u8; 4096]
+    );
+    mount.unmount();
+}
+
+#[test]
+fn classic_transport_round_trips() {
+    if !common::fuse_or_skip("classic_transport_round_trips") {
+        return;
+    }
+    round_trips("classic");
+}
+
+#[test]
+fn uring_transport_round_trips() {
+    if !common::fuse_or_skip("uring_transport_round_trips") {
+        return;
+    }
+    let enabled = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .is_ok_and(|v| v.trim() == "Y");
+    if !enabled {
+        eprintln!(
+            "SKIPPED: uring_transport_round_trips: this kernel does not offer FUSE over \
+             io_uring (/sys/module/fuse/parameters/enable_uring)"
+        );
+        return;
+    }
+    round_trips("uring");
+}
+
+#[test]
+fn stats_refuses_a_plain_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(ANVIL)
+        .args(["stats", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).lines().count(),
+        1,
+        "{out:?}"
+    );
+}
