@@ -75,6 +75,19 @@ build_anvil() {
     log "building anvil (cargo build --release -p anvil-cli)"
     (cd "$ROOT" && cargo build --release -p anvil-cli)
     log "anvil binary: $ROOT/target/release/anvil"
+    install_anvil
+}
+
+# `anvil` on the PATH, and mount(8)'s helper for `mount -t fuse.anvil` and fstab lines of
+# type fuse.anvil (the binary acts as the helper when called mount.fuse.anvil).
+install_anvil() {
+    if ((EUID != 0)); then
+        log "not root: anvil not installed into /usr/local/bin, no mount.fuse.anvil helper"
+        return
+    fi
+    install -m 0755 "$ROOT/target/release/anvil" /usr/local/bin/anvil
+    ln -sf /usr/local/bin/anvil /sbin/mount.fuse.anvil
+    log "installed /usr/local/bin/anvil and /sbin/mount.fuse.anvil (mount -t fuse.anvil)"
 }
 
 # FUSE over io_uring (Linux 6.14+) is off by default; anvil mount uses it when it is on.

@@ -1,5 +1,6 @@
 //! `anvil`: make, mount, inspect and verify anvil volumes.
 
+mod helper;
 mod history;
 mod mount;
 mod replay;
@@ -225,8 +226,26 @@ const EXIT_FAILED: u8 = 1;
 const EXIT_DAMAGED: u8 = 3;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let mut argv = std::env::args_os();
+    let called_as = argv
+        .next()
+        .map(|a| Path::new(&a).file_name().map(|n| n.to_os_string()));
+    let result = if called_as.flatten().is_some_and(|n| n == helper::NAME) {
+        helper::run(&argv.collect::<Vec<_>>())
+    } else {
+        run(Cli::parse())
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(message) => {
+            eprintln!("anvil: {message}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<u8, String> {
+    match cli.command {
         Command::Mkfs {
             image,
             size,
@@ -292,13 +311,6 @@ fn main() -> ExitCode {
         Command::Bench(args) => anvil_bench::cli::run(args)
             .map(|()| 0)
             .map_err(|e| format!("bench: {e}")),
-    };
-    match result {
-        Ok(code) => ExitCode::from(code),
-        Err(message) => {
-            eprintln!("anvil: {message}");
-            ExitCode::from(EXIT_FAILED)
-        }
     }
 }
 

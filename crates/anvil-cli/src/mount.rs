@@ -8,7 +8,7 @@
 use anvil::device::FileDevice;
 use anvil::{Filesystem, MountOptions};
 use anvil_fuse::{classic::Classic, fuser, uring, AnvilFuse, Backend};
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -127,16 +127,34 @@ pub fn run(
         return Err(format!("{} does not exist", image.display()));
     }
     if foreground {
-        serve(image, dir, config, log)
-    } else {
-        spawn_daemon(image, dir)
+        return serve(image, dir, config, log);
     }
+    let mut args: Vec<OsString> = vec!["mount".into(), image.into(), dir.into()];
+    daemon_args(&mut args, options, log);
+    if let Some(spec) = as_of {
+        args.extend(["--as-of".into(), spec.into()]);
+    }
+    if let Some(path) = device_log {
+        args.extend(["--device-log".into(), path.into()]);
+    }
+    spawn_daemon(&image.display().to_string(), dir, args)
 }
 
-fn spawn_daemon(image: &Path, dir: &Path) -> Result<u8, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+/// The daemon's `-o`, `--log` and `-f` arguments.
+fn daemon_args(args: &mut Vec<OsString>, options: &[String], log: Option<&Path>) {
+    if !options.is_empty() {
+        args.extend(["-o".into(), options.join(",").into()]);
+    }
+    if let Some(path) = log {
+        args.extend(["--log".into(), path.into()]);
+    }
     args.push("-f".into());
+}
+
+/// Runs this executable with `args` (a foreground mount) as a detached daemon and waits
+/// until it reports "ready" or an error.
+fn spawn_daemon(name: &str, dir: &Path, args: Vec<OsString>) -> Result<u8, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let mut command = Command::new(exe);
     command
         .args(args)
@@ -162,8 +180,7 @@ fn spawn_daemon(image: &Path, dir: &Path) -> Result<u8, String> {
     let line = line.trim_end();
     if line == "ready" {
         println!(
-            "mounted {} on {} (daemon pid {})",
-            image.display(),
+            "mounted {name} on {} (daemon pid {})",
             dir.display(),
             child.id()
         );
@@ -348,7 +365,9 @@ pub fn run_memfs(
         return Err(format!("mount point {} is not a directory", dir.display()));
     }
     if !foreground {
-        return spawn_daemon(Path::new("memfs"), dir);
+        let mut args: Vec<OsString> = vec!["memfs".into(), dir.into()];
+        daemon_args(&mut args, options, log);
+        return spawn_daemon("memfs", dir, args);
     }
     if let Err(e) = init_logging(log) {
         return startup_error(e);

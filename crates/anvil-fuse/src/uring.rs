@@ -88,7 +88,8 @@ pub fn ring_bytes(queue_depth: u16) -> u64 {
 pub struct MountConfig {
     pub fs_name: String,
     pub read_only: bool,
-    /// Root: allow other users, device files and setuid (as the classic mount does).
+    /// Root: mount(2) directly and allow other users, device files and setuid (as the
+    /// classic mount does); otherwise `fusermount3`.
     pub privileged: bool,
     pub queue_depth: u16,
     /// Workers run under SCHED_IDLE (see `set_idle_policy`).
@@ -106,17 +107,16 @@ pub struct Session {
 impl Session {
     /// Mounts `dir` and negotiates FUSE_INIT over io_uring. On error nothing stays mounted.
     pub fn mount<B: Backend>(adapter: &B, dir: &Path, config: &MountConfig) -> io::Result<Session> {
-        let mut custom = String::from("subtype=anvil");
-        if config.privileged {
-            custom.push_str(",dev,suid");
-        }
-        let options = fractal_fuse::MountOptions::new()
-            .fs_name(config.fs_name.replace(',', "_"))
-            .allow_other(config.privileged)
-            .default_permissions(true)
-            .read_only(config.read_only)
-            .custom_options(custom);
-        let fd = Arc::new(fractal_fuse::mount::fusermount(&options, dir)?);
+        let fd = if config.privileged {
+            Arc::new(mount_directly(dir, config)?)
+        } else {
+            let options = fractal_fuse::MountOptions::new()
+                .fs_name(config.fs_name.replace(',', "_"))
+                .default_permissions(true)
+                .read_only(config.read_only)
+                .custom_options("subtype=anvil");
+            Arc::new(fractal_fuse::mount::fusermount(&options, dir)?)
+        };
         let session = Session {
             fd,
             dir: dir.to_path_buf(),
@@ -212,6 +212,44 @@ impl Session {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+}
+
+/// Mounts as root with mount(2) on a fresh /dev/fuse descriptor (no `fusermount3`, which
+/// needs a PATH that mount(8) does not give its helpers). Device files and setuid are
+/// allowed, other users too, as on the classic transport.
+fn mount_directly(dir: &Path, config: &MountConfig) -> io::Result<OwnedFd> {
+    use std::ffi::CString;
+    use std::os::fd::FromRawFd;
+    let dev = CString::new("/dev/fuse").map_err(io::Error::other)?;
+    // SAFETY: a valid NUL-terminated path; the result is checked before use.
+    let raw = unsafe { libc::open(dev.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor this function just opened and owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let options =
+        format!("fd={raw},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions");
+    let cstr = |s: &[u8]| CString::new(s).map_err(io::Error::other);
+    let source = cstr(config.fs_name.as_bytes())?;
+    let target = cstr(dir.as_os_str().as_bytes())?;
+    let fstype = cstr(b"fuse.anvil")?;
+    let data = cstr(options.as_bytes())?;
+    let flags = if config.read_only { libc::MS_RDONLY } else { 0 };
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
 }
 
 /// Answers FUSE_INIT: the classic transport's capabilities plus FUSE_OVER_IO_URING.

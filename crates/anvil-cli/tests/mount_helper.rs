@@ -1,0 +1,129 @@
+//! `mount -t fuse.anvil` and /etc/fstab: the binary acts as mount(8)'s helper when called
+//! `mount.fuse.anvil`, drops mount(8)'s own options and passes the rest to `anvil mount`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const ANVIL: &str = env!("CARGO_BIN_EXE_anvil");
+
+fn mkfs(image: &Path) {
+    let out = Command::new(ANVIL)
+        .args(["mkfs", image.to_str().unwrap(), "--size", "128M"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Whether `dir` is a FUSE mount (the classic transport's mount shows "fuse", the
+/// io_uring one "fuse.anvil" in /proc/self/mounts).
+fn is_fuse_mount(dir: &Path) -> bool {
+    fs_type(dir).is_some_and(|t| t == "fuse" || t == "fuse.anvil")
+}
+
+fn fs_type(dir: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let dir = dir.canonicalize().ok()?;
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&dir.to_str()?)).then(|| f[2].to_string())
+    })
+}
+
+fn unmount_and_check(image: &Path, dir: &Path) {
+    assert!(Command::new("umount").arg(dir).status().unwrap().success());
+    common::wait_until_released(image, Duration::from_secs(30));
+    let out = Command::new(ANVIL)
+        .args(["check", image.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn called_as_mount_fuse_anvil() {
+    if !common::fuse_or_skip("called_as_mount_fuse_anvil") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("v.img");
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    mkfs(&image);
+    let helper = tmp.path().join("mount.fuse.anvil");
+    std::os::unix::fs::symlink(ANVIL, &helper).unwrap();
+    let out = Command::new(&helper)
+        .arg(&image)
+        .arg(&dir)
+        .args(["-o", "defaults,noauto,_netdev,x-systemd.automount,ro"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(is_fuse_mount(&dir), "{:?}", fs_type(&dir));
+    // `ro` reached the daemon; mount(8)'s own options did not (they would be refused).
+    let err = std::fs::write(dir.join("f"), b"through the helper").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    unmount_and_check(&image, &dir);
+
+    let bad = Command::new(&helper).arg(&image).output().unwrap();
+    assert!(!bad.status.success());
+    assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
+}
+
+#[test]
+fn mount_t_fuse_anvil_and_fstab() {
+    if !common::fuse_or_skip("mount_t_fuse_anvil_and_fstab") {
+        return;
+    }
+    if !Path::new("/sbin/mount.fuse.anvil").exists() {
+        let why = "/sbin/mount.fuse.anvil is not installed (scripts/setup.sh installs it)";
+        if std::env::var(common::REQUIRE_FUSE_ENV).is_ok_and(|v| v == "1") {
+            panic!("mount_t_fuse_anvil_and_fstab: {why}");
+        }
+        eprintln!("SKIPPED: mount_t_fuse_anvil_and_fstab: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("v.img");
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    mkfs(&image);
+
+    let out = Command::new("mount")
+        .args(["-t", "fuse.anvil", "-o", "nohistory"])
+        .arg(&image)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(is_fuse_mount(&dir), "{:?}", fs_type(&dir));
+    std::fs::write(dir.join("a"), b"mount -t").unwrap();
+    unmount_and_check(&image, &dir);
+
+    // An fstab line, from a private fstab file (mount --fstab).
+    let fstab = tmp.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "{} {} fuse.anvil defaults,noauto,cache=64M 0 0\n",
+            image.display(),
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("mount")
+        .arg("--fstab")
+        .arg(&fstab)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let start = Instant::now();
+    while !is_fuse_mount(&dir) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(std::fs::read(dir.join("a")).unwrap(), b"mount -t");
+    unmount_and_check(&image, &dir);
+}
