@@ -578,6 +578,10 @@ impl Target {
         if self.spec.kind == Kind::AnvilNoHistory {
             opts.push("nohistory".into());
         }
+        // Extra mount options for every anvil mount, e.g. ANVIL_MOUNT_OPTS=transport=classic.
+        if let Ok(extra) = std::env::var("ANVIL_MOUNT_OPTS") {
+            opts.extend(extra.split(',').filter(|o| !o.is_empty()).map(String::from));
+        }
         if !opts.is_empty() {
             cmd.args(["-o", &opts.join(",")]);
             self.info.mount_opts = Some(opts.join(","));

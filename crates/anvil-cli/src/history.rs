@@ -3,8 +3,8 @@
 
 use crate::mount::{get_xattr, set_xattr};
 use anvil_fuse::{
-    CLEANUP_XATTR, HISTORY_XATTR, NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR,
-    SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
+    CLEANUP_XATTR, COMPRESSION_XATTR, HISTORY_XATTR, NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR,
+    REBLOCK_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ fn json(text: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(text).map_err(|e| format!("daemon answered invalid JSON: {e}"))
 }
 
-fn format_time(ns: u64) -> String {
+pub fn format_time(ns: u64) -> String {
     let secs = (ns / 1_000_000_000) as i64;
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
@@ -419,6 +419,21 @@ pub fn cleanup(dir: &Path, config: Option<&str>) -> Result<u8, String> {
     let text: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
     set_xattr(dir, CLEANUP_XATTR, text.join(" ").as_bytes())
         .map_err(|e| format!("saving the cleanup schedule: {e}"))?;
+    Ok(0)
+}
+
+pub fn compression(path: &Path, setting: Option<&str>) -> Result<u8, String> {
+    if let Some(setting) = setting {
+        if setting != "default" && anvil::format::record::compression::parse(setting).is_none() {
+            return Err(format!(
+                "expected none, lz4, zstd or default, not {setting:?}"
+            ));
+        }
+        set_xattr(path, COMPRESSION_XATTR, setting.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let codec = get_xattr(path, COMPRESSION_XATTR)?;
+    println!("{}: compression {codec}", path.display());
     Ok(0)
 }
 

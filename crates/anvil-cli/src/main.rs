@@ -39,6 +39,10 @@ enum Command {
         /// Volume label (up to 32 bytes).
         #[arg(long, default_value = "")]
         label: String,
+        /// Codec for new data everywhere no directory chooses another: lz4 (the default),
+        /// zstd (smaller, slower to write) or none.
+        #[arg(long)]
+        compression: Option<String>,
     },
     /// Mount a volume (in the background unless -f).
     Mount {
@@ -193,6 +197,12 @@ enum Command {
         /// "on" (keep no history) or "off" (keep history).
         setting: Option<String>,
     },
+    /// Show or set the codec for new data of a file or directory (new children inherit it):
+    /// none, lz4, zstd, or default (the volume's, set at mkfs). Written data keeps its codec.
+    Compression {
+        path: PathBuf,
+        setting: Option<String>,
+    },
     /// Show or set the retention policy stored in the volume.
     Policy {
         dir: PathBuf,
@@ -251,7 +261,14 @@ fn run(cli: Cli) -> Result<u8, String> {
             size,
             force,
             label,
-        } => mkfs(&image, size.as_deref(), force, &label),
+            compression,
+        } => mkfs(
+            &image,
+            size.as_deref(),
+            force,
+            &label,
+            compression.as_deref(),
+        ),
         Command::Mount {
             image,
             dir,
@@ -305,6 +322,7 @@ fn run(cli: Cli) -> Result<u8, String> {
         Command::Reblock { dir, seconds } => history::reblock(&dir, seconds),
         Command::Cleanup { dir, config } => history::cleanup(&dir, config.as_deref()),
         Command::Nohistory { path, setting } => history::nohistory(&path, setting.as_deref()),
+        Command::Compression { path, setting } => history::compression(&path, setting.as_deref()),
         Command::Policy { dir, policy } => history::policy(&dir, policy.as_deref()),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
         Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),
@@ -360,8 +378,20 @@ fn existing_filesystem(device: &dyn Device) -> std::io::Result<Option<&'static s
     )
 }
 
-fn mkfs(image: &Path, size: Option<&str>, force: bool, label: &str) -> Result<u8, String> {
+fn mkfs(
+    image: &Path,
+    size: Option<&str>,
+    force: bool,
+    label: &str,
+    compression: Option<&str>,
+) -> Result<u8, String> {
     let requested = size.map(parse_size).transpose()?;
+    let codec = compression
+        .map(|name| {
+            anvil::format::record::compression::parse(name)
+                .ok_or_else(|| format!("--compression: expected none, lz4 or zstd, not {name:?}"))
+        })
+        .transpose()?;
     let existed = image.exists();
     let device =
         FileDevice::create(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
@@ -381,7 +411,18 @@ fn mkfs(image: &Path, size: Option<&str>, force: bool, label: &str) -> Result<u8
     if device.is_block_device() && bytes > device.len().map_err(|e| e.to_string())? {
         return Err(format!("{} is smaller than {bytes} bytes", image.display()));
     }
-    Filesystem::mkfs(Arc::new(device), bytes, label).map_err(|e| e.to_string())?;
+    let device: Arc<dyn anvil::device::Device> = Arc::new(device);
+    Filesystem::mkfs(device.clone(), bytes, label).map_err(|e| e.to_string())?;
+    if let Some(codec) = codec {
+        let options = MountOptions {
+            commit_interval_ms: 0,
+            ..Default::default()
+        };
+        let fs = Filesystem::open(device, options).map_err(|e| describe(image, &e))?;
+        fs.set_compression(anvil::format::record::ROOT_OBJ, Some(codec))
+            .and_then(|()| fs.close())
+            .map_err(|e| describe(image, &e))?;
+    }
     println!(
         "created anvil volume on {} ({bytes} bytes)",
         image.display()
@@ -421,14 +462,23 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
         let fs = open_for_inspection(target)?;
         let split = fs.space_split().ok().map(|s| {
             serde_json::json!({"live_bytes": s.live_bytes, "history_bytes": s.history_bytes,
-                "tree_bytes": s.tree_bytes})
+                "tree_bytes": s.tree_bytes, "extent_logical_bytes": s.extent_logical_bytes,
+                "extent_allocated_bytes": s.extent_allocated_bytes,
+                "extents_by_codec": s.extents_by_codec})
         });
         (fs.info().to_json(), split)
     };
     let mut value: serde_json::Value =
         serde_json::from_str(&info_json).map_err(|e| e.to_string())?;
     if let (Some(split), Some(object)) = (&split, value.as_object_mut()) {
-        for key in ["live_bytes", "history_bytes", "tree_bytes"] {
+        for key in [
+            "live_bytes",
+            "history_bytes",
+            "tree_bytes",
+            "extent_logical_bytes",
+            "extent_allocated_bytes",
+            "extents_by_codec",
+        ] {
             object.insert(key.to_string(), split[key].clone());
         }
     }
@@ -452,6 +502,21 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
             mib(num("history_bytes"))
         );
         println!("  tree:         {}", mib(num("tree_bytes")));
+        let logical = num("extent_logical_bytes");
+        let allocated = num("extent_allocated_bytes");
+        if allocated > 0 {
+            let codecs = &value["extents_by_codec"];
+            let count = |i: usize| codecs[i].as_u64().unwrap_or(0);
+            println!(
+                "compression:    {:.2}x ({} of live data in {}; extents: {} lz4, {} zstd, {} raw)",
+                logical as f64 / allocated as f64,
+                mib(logical),
+                mib(allocated),
+                count(1),
+                count(2),
+                count(0)
+            );
+        }
     }
     println!(
         "free:           {} (of which {} reserved)",
@@ -464,8 +529,16 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
         num("objects_allocated")
     );
     println!("current TID:    {:#018x}", num("committed_tid"));
-    let secs = num("commit_time_ns") / 1_000_000_000;
-    println!("last commit:    {} (unix seconds)", secs);
+    println!(
+        "last commit:    {}",
+        history::format_time(num("commit_time_ns"))
+    );
+    if num("created_time_ns") > 0 {
+        println!(
+            "created:        {}",
+            history::format_time(num("created_time_ns"))
+        );
+    }
     if num("pending_bytes") > 0 {
         println!("pending:        {}", mib(num("pending_bytes")));
     }

@@ -19,6 +19,7 @@ pub mod memfs;
 pub mod uring;
 mod views;
 
+use anvil::format::record::compression;
 use anvil::fs::{Caller, RenameFlags as AnvilRename, SetAttr};
 use anvil::{Attr, DirEntry, Error, FileKind, Filesystem};
 pub use counters::{Counters, Op};
@@ -64,6 +65,9 @@ pub const REBLOCK_XATTR: &str = "trusted.anvil.reblock";
 pub const CLEANUP_XATTR: &str = "trusted.anvil.cleanup";
 /// "1" or "0" on any object: history off or on for it (new children inherit it).
 pub const NOHISTORY_XATTR: &str = "trusted.anvil.nohistory";
+/// "none", "lz4", "zstd" or "default" on any object: the codec for its new data (new
+/// children inherit it; "default" follows the volume default).
+pub const COMPRESSION_XATTR: &str = "trusted.anvil.compression";
 /// Reading this attribute on any object lists its versions (JSON, newest last).
 pub const HISTORY_XATTR: &str = "trusted.anvil.history";
 /// Reading this attribute on the root gives the requests received per opcode and the
@@ -290,6 +294,13 @@ impl AnvilFuse {
                 };
                 self.fs.set_nohistory(ino, on)
             }
+            COMPRESSION_XATTR => {
+                let codec = match text.trim() {
+                    "default" => None,
+                    name => Some(compression::parse(name).ok_or(libc::EINVAL)?),
+                };
+                self.fs.set_compression(ino, codec)
+            }
             REBLOCK_XATTR if root => {
                 let seconds: f64 = text.trim().parse().unwrap_or(1.0);
                 let options = anvil::fs::ReblockOptions {
@@ -350,6 +361,12 @@ impl AnvilFuse {
                 .to_string(),
                 None => "{}".to_string(),
             },
+            COMPRESSION_XATTR if !is_view(ino) => {
+                match self.fs.compression(ino).map_err(|e| errno(&e))? {
+                    Some(codec) => compression::name(codec).to_string(),
+                    None => "default".to_string(),
+                }
+            }
             NOHISTORY_XATTR if !is_view(ino) => {
                 let attr = self.fs.getattr(ino).map_err(|e| errno(&e))?;
                 let on = attr.flags & anvil::format::record::inode_flags::NOHISTORY != 0;
@@ -384,6 +401,9 @@ impl AnvilFuse {
                     "live_bytes": split.live_bytes,
                     "history_bytes": split.history_bytes,
                     "tree_bytes": split.tree_bytes,
+                    "extent_logical_bytes": split.extent_logical_bytes,
+                    "extent_allocated_bytes": split.extent_allocated_bytes,
+                    "extents_by_codec": split.extents_by_codec,
                 })
                 .to_string()
             }

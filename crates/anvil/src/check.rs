@@ -187,7 +187,7 @@ fn check_namespace(volume: &Volume, live: &HashMap<LogicalKey, Element>, report:
     let bytes_of = |element: &Element| -> Option<Vec<u8>> {
         match &element.payload {
             Payload::Inline(bytes) => Some(bytes.clone()),
-            Payload::Extent(extent) => volume.read_extent(extent).ok(),
+            Payload::Extent(extent) => volume.read_extent_uncached(extent).ok(),
         }
     };
     let mut inodes: HashMap<u64, Inode> = HashMap::new();

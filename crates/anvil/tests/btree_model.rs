@@ -51,7 +51,7 @@ fn lk(obj: u64, key: u64) -> LogicalKey {
 fn bytes(volume: &Volume, value: &Value) -> Vec<u8> {
     match value {
         Value::Bytes(b) => b.to_vec(),
-        Value::Extent(e) => volume.read_extent(e).unwrap(),
+        Value::Extent(e) => volume.read_extent(e).unwrap().to_vec(),
     }
 }
 

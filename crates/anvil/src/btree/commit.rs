@@ -56,7 +56,7 @@ impl CommitContext<'_> {
         let address = self.space.allocate(NODE_BYTES as u64, Purpose::Metadata)?;
         let bytes = node.encode(self.loader.volume_id, self.tid, address);
         self.writes.push((address, bytes));
-        self.loader.cache.insert(address, Arc::new(node));
+        self.loader.cache.insert_node(address, Arc::new(node));
         Ok((first, address))
     }
 
@@ -130,7 +130,7 @@ fn apply_node(
 ) -> Result<Vec<(Key, u64)>> {
     let node = ctx.fetch(address, level)?;
     ctx.freed.push((address, NODE_BYTES as u64));
-    ctx.loader.cache.remove(address);
+    ctx.loader.cache.remove_node(address);
     match &*node {
         Node::Leaf(elements) => apply_leaf(ctx, elements.clone(), mutations),
         Node::Internal { children, .. } => {

@@ -2,15 +2,14 @@
 //! (obj, rtype, key, create_tid). Readers walk an immutable root; a commit writes new nodes
 //! for every changed path and publishes a new root (see `commit`).
 
-pub mod cache;
 pub mod commit;
 
+use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::node::Node;
 use crate::format::record::{Element, Key};
 use crate::format::{VolumeId, NODE_BYTES};
-use cache::NodeCache;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -68,13 +67,13 @@ pub trait NodeSource {
 /// Reads nodes from the device on a cache miss. Used where no lock is held.
 pub struct Loader<'a> {
     pub device: &'a dyn Device,
-    pub cache: &'a NodeCache,
+    pub cache: &'a BlockCache,
     pub volume_id: VolumeId,
 }
 
 impl Loader<'_> {
     pub fn load(&self, address: u64, level: u8) -> Result<Arc<Node>> {
-        if let Some(node) = self.cache.get(address) {
+        if let Some(node) = self.cache.node(address) {
             if node.level() != level {
                 return Err(Error::corrupt(
                     "node level differs from parent's",
@@ -87,7 +86,7 @@ impl Loader<'_> {
         self.device.read_at(&mut buf, address)?;
         let (node, _tid) = Node::decode(&buf, &self.volume_id, address, Some(level))?;
         let node = Arc::new(node);
-        self.cache.insert(address, node.clone());
+        self.cache.insert_node(address, node.clone());
         Ok(node)
     }
 }
@@ -101,7 +100,7 @@ impl NodeSource for Loader<'_> {
 /// Serves only what is in memory (cache, or nodes pinned for this operation); reports a miss
 /// as `Stop::Need` so the caller can drop its locks, load, and retry.
 pub struct CacheOnly<'a> {
-    pub cache: &'a NodeCache,
+    pub cache: &'a BlockCache,
     pub pinned: &'a HashMap<u64, Arc<Node>>,
 }
 
@@ -111,7 +110,7 @@ impl NodeSource for CacheOnly<'_> {
             .pinned
             .get(&address)
             .cloned()
-            .or_else(|| self.cache.get(address));
+            .or_else(|| self.cache.node(address));
         match node {
             Some(node) if node.level() == level => Ok(node),
             Some(_) => Err(Stop::Fail(Error::corrupt(

@@ -90,10 +90,32 @@ impl Key {
     }
 }
 
-/// Compression of an extent's stored bytes.
+/// Compression of an extent's stored bytes (its codec).
 pub mod compression {
     pub const NONE: u8 = 0;
     pub const LZ4: u8 = 1;
+    /// Zstandard frames (format version 2 on).
+    pub const ZSTD: u8 = 2;
+    /// The codec of new data where no directory chooses one.
+    pub const DEFAULT: u8 = LZ4;
+
+    pub fn name(codec: u8) -> &'static str {
+        match codec {
+            NONE => "none",
+            LZ4 => "lz4",
+            ZSTD => "zstd",
+            _ => "unknown",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<u8> {
+        match name {
+            "none" | "off" => Some(NONE),
+            "lz4" => Some(LZ4),
+            "zstd" => Some(ZSTD),
+            _ => None,
+        }
+    }
 }
 
 /// Where an extent's bytes live on the device.
@@ -261,6 +283,12 @@ impl Timestamp {
 pub mod inode_flags {
     /// Overwrites and deletes of this object destroy the old version (no history).
     pub const NOHISTORY: u32 = 1;
+    /// Bits 8-11: the codec for this object's new data plus one (see `compression`); 0 means
+    /// the volume default. New children inherit it.
+    pub const CODEC_SHIFT: u32 = 8;
+    pub const CODEC_MASK: u32 = 0xf << CODEC_SHIFT;
+    /// What a new object takes from the directory it is created in.
+    pub const INHERITED: u32 = NOHISTORY | CODEC_MASK;
 }
 
 /// The attributes of an object (record INODE, key 0).
@@ -282,6 +310,29 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// The codec chosen for this object, if any (None: the volume default).
+    pub fn codec_setting(&self) -> Option<u8> {
+        match (self.flags & inode_flags::CODEC_MASK) >> inode_flags::CODEC_SHIFT {
+            0 => None,
+            stored => Some(stored as u8 - 1),
+        }
+    }
+
+    /// The codec new data of this object is written with.
+    pub fn codec(&self) -> u8 {
+        match self.codec_setting() {
+            Some(codec @ (compression::NONE | compression::LZ4 | compression::ZSTD)) => codec,
+            _ => compression::DEFAULT,
+        }
+    }
+
+    /// Chooses the codec (None: the volume default).
+    pub fn set_codec(&mut self, codec: Option<u8>) {
+        let stored = codec.map_or(0, |c| u32::from(c) + 1);
+        self.flags = (self.flags & !inode_flags::CODEC_MASK)
+            | ((stored << inode_flags::CODEC_SHIFT) & inode_flags::CODEC_MASK);
+    }
+
     pub fn kind(&self) -> u32 {
         self.mode & kind::MASK
     }

@@ -63,9 +63,9 @@ impl<'a> AsOf<'a> {
             .collect())
     }
 
-    fn bytes(&self, value: &Value) -> Result<Vec<u8>> {
+    fn bytes(&self, value: &Value) -> Result<Arc<Vec<u8>>> {
         match value {
-            Value::Bytes(bytes) => Ok(bytes.to_vec()),
+            Value::Bytes(bytes) => Ok(bytes.clone()),
             Value::Extent(extent) => self.fs.volume.read_extent(extent),
         }
     }
@@ -173,7 +173,7 @@ impl<'a> AsOf<'a> {
             return posix(libc::EINVAL);
         }
         match self.records(ino, rtype::SYMLINK, 0, 0, 1)?.first() {
-            Some((_, value)) => self.bytes(value),
+            Some((_, value)) => self.bytes(value).map(|b| b.to_vec()),
             None => Err(Error::corrupt(
                 "symlink without target",
                 format!("object {ino}"),

@@ -41,9 +41,9 @@ fn snapshot_key(tid: u64) -> LogicalKey {
     }
 }
 
-fn value_bytes(fs: &Filesystem, value: &Value) -> Result<Vec<u8>> {
+fn value_bytes(fs: &Filesystem, value: &Value) -> Result<Arc<Vec<u8>>> {
     match value {
-        Value::Bytes(bytes) => Ok(bytes.to_vec()),
+        Value::Bytes(bytes) => Ok(bytes.clone()),
         Value::Extent(extent) => fs.volume.read_extent(extent),
     }
 }

@@ -22,8 +22,8 @@ use crate::btree::{Step, Stop};
 use crate::device::{Device, FileDevice};
 use crate::error::{posix, Error, Result};
 use crate::format::record::{
-    inode_flags, kind, rtype, Dirent, Inode, LogicalKey, Timestamp, Xattr, DATA_CHUNK_BYTES,
-    HASH_SLOTS, NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
+    compression, inode_flags, kind, rtype, Dirent, Inode, LogicalKey, Timestamp, Xattr,
+    DATA_CHUNK_BYTES, HASH_SLOTS, NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
 };
 use crate::format::{record::hash_slot_base, BLOCK_BYTES};
 use crate::volume::{Tx, Value, Volume, VolumeOptions};
@@ -75,16 +75,22 @@ fn load_inode(tx: &Tx<'_>, obj: u64) -> Step<Inode> {
     }
 }
 
-/// Puts a record, honouring its object's no-history flag: with it set, the replaced version
-/// is destroyed at commit instead of kept as history. Directory entries follow their
-/// directory's flag.
+/// Puts a record, honouring its object's settings: with no-history set, the replaced version
+/// is destroyed at commit instead of kept as history; data takes the object's codec.
+/// Directory entries follow their directory's settings.
 fn put(tx: &mut Tx<'_>, lk: LogicalKey, value: Option<Arc<Vec<u8>>>) -> Step<()> {
-    let nohistory = lk.obj != VOLUME_OBJ
-        && match tx.get_bytes(inode_key(lk.obj))? {
-            Some(bytes) => Inode::decode(&bytes)?.flags & inode_flags::NOHISTORY != 0,
-            None => false,
-        };
-    tx.put_with(lk, value, nohistory)
+    let inode = match lk.obj {
+        VOLUME_OBJ => None,
+        obj => match tx.get_bytes(inode_key(obj))? {
+            Some(bytes) => Some(Inode::decode(&bytes)?),
+            None => None,
+        },
+    };
+    let nohistory = inode
+        .as_ref()
+        .is_some_and(|i| i.flags & inode_flags::NOHISTORY != 0);
+    let codec = inode.as_ref().map_or(compression::DEFAULT, Inode::codec);
+    tx.put_with(lk, value, nohistory, codec)
 }
 
 fn store_inode(tx: &mut Tx<'_>, obj: u64, inode: &Inode) -> Step<()> {
@@ -520,7 +526,7 @@ impl Filesystem {
                 nlink: if is_dir { 2 } else { 1 },
                 size: target.map_or(0, |t| t.len() as u64),
                 rdev,
-                flags: parent_inode.flags & inode_flags::NOHISTORY,
+                flags: parent_inode.flags & inode_flags::INHERITED,
                 atime: now,
                 mtime: now,
                 ctime: now,
@@ -887,12 +893,12 @@ impl Filesystem {
                 Value::Bytes(bytes) => bytes.clone(),
                 Value::Extent(_) => {
                     let result = loaded.next().expect("one result per extent");
-                    Arc::new(result.inspect_err(|e| {
+                    result.inspect_err(|e| {
                         log::error!(
                             "read of object {ino} at offset {chunk_start} \
                              (TID {create_tid:#018x}) failed: {e}"
                         );
-                    })?)
+                    })?
                 }
             };
             let from = offset.max(chunk_start);
@@ -926,6 +932,7 @@ impl Filesystem {
                 return fail(libc::EISDIR);
             }
             let nohistory = inode.flags & inode_flags::NOHISTORY != 0;
+            let codec = inode.codec();
             let first = offset / DATA_CHUNK_BYTES;
             let last = (end - 1) / DATA_CHUNK_BYTES;
             for index in first..=last {
@@ -955,7 +962,7 @@ impl Filesystem {
                     chunk
                 };
                 // The inode is at hand: no need for `put` to look the flag up per chunk.
-                tx.put_with(lk, Some(Arc::new(new_chunk)), nohistory)?;
+                tx.put_with(lk, Some(Arc::new(new_chunk)), nohistory, codec)?;
             }
             let now = Timestamp::now();
             inode.size = inode.size.max(end);
@@ -1024,6 +1031,28 @@ impl Filesystem {
             inode.ctime = Timestamp::now();
             store_inode(tx, ino, &inode)
         })
+    }
+
+    /// Chooses the codec for new data of one object (None: the volume default); new children
+    /// of a directory inherit it. Data already written keeps the codec it was stored with.
+    pub fn set_compression(&self, ino: u64, codec: Option<u8>) -> Result<()> {
+        if let Some(codec) = codec {
+            if compression::name(codec) == "unknown" {
+                return posix(libc::EINVAL);
+            }
+        }
+        self.volume.run(true, |tx| {
+            let mut inode = load_inode(tx, ino)?;
+            inode.set_codec(codec);
+            inode.ctime = Timestamp::now();
+            store_inode(tx, ino, &inode)
+        })
+    }
+
+    /// The codec chosen for one object (None: the volume default).
+    pub fn compression(&self, ino: u64) -> Result<Option<u8>> {
+        self.volume
+            .run(false, |tx| Ok(load_inode(tx, ino)?.codec_setting()))
     }
 
     /// Whether an open handle holds `ino` (then unlinking its last name makes it an orphan).

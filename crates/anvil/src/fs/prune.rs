@@ -103,6 +103,12 @@ pub struct SpaceSplit {
     pub history_bytes: u64,
     /// Tree nodes.
     pub tree_bytes: u64,
+    /// Bytes the live data extents hold once decoded, and the device space they take:
+    /// their quotient is the compression ratio achieved.
+    pub extent_logical_bytes: u64,
+    pub extent_allocated_bytes: u64,
+    /// Live data extents per codec (none, lz4, zstd).
+    pub extents_by_codec: [u64; 3],
 }
 
 fn policy_key() -> LogicalKey {
@@ -249,6 +255,13 @@ impl Filesystem {
             }
             if e.delete_tid == 0 {
                 split.live_bytes += element_bytes(&e.payload);
+                if let Payload::Extent(extent) = &e.payload {
+                    split.extent_logical_bytes += u64::from(extent.logical_bytes);
+                    split.extent_allocated_bytes += extent.allocated_bytes();
+                    if let Some(n) = split.extents_by_codec.get_mut(extent.compression as usize) {
+                        *n += 1;
+                    }
+                }
             } else {
                 split.history_bytes += element_bytes(&e.payload);
             }

@@ -19,9 +19,9 @@ pub use extent::{decode_extent, encode_extent};
 pub use overlay::{Overlay, Pending, Value};
 pub use tx::Tx;
 
-use crate::btree::cache::NodeCache;
 use crate::btree::commit::{apply, CommitContext, Mutation};
 use crate::btree::{self, Loader, Need, Root, Stop};
+use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::log::{LogBatch, LogEntry};
@@ -101,7 +101,7 @@ struct LogCursor {
 pub struct Volume {
     device: Arc<dyn Device>,
     volume_id: VolumeId,
-    cache: NodeCache,
+    cache: BlockCache,
     space: Arc<Space>,
     state: Mutex<State>,
     commit_lock: Mutex<LogCursor>,
@@ -253,7 +253,7 @@ impl Volume {
     pub fn open(device: Arc<dyn Device>, options: VolumeOptions) -> Result<Arc<Volume>> {
         let sb = Self::read_superblock(&*device)?;
         let space = Arc::new(Space::new(sb.data_offset, sb.volume_bytes));
-        let cache = NodeCache::new((options.cache_bytes / 2) as usize);
+        let cache = BlockCache::new(options.cache_bytes / 2);
         let live_objects;
         let root = Root {
             address: sb.root_address,
@@ -353,7 +353,10 @@ impl Volume {
                 let pending = Pending {
                     value: entry.value.map(Arc::new),
                     replaces,
+                    // The log does not record per-object settings: replayed changes take
+                    // the volume's (history as mounted, the default codec).
                     nohistory: self.options.nohistory,
+                    codec: crate::format::record::compression::DEFAULT,
                 };
                 st.active.insert(entry.lk, pending);
             }
@@ -420,7 +423,7 @@ impl Volume {
             live_objects: st.live_objects,
             pending_bytes: st.active.pending_bytes
                 + self.frozen_unallocated.load(Ordering::Acquire),
-            cache_bytes: self.cache.memory_bytes() as u64,
+            cache_bytes: self.cache.memory_bytes(),
             label: String::from_utf8_lossy(&sb.label[..label_end]).into_owned(),
             volume_id: sb.volume_id,
         }
@@ -477,7 +480,7 @@ impl Volume {
                 }
                 Need::Extent(extent) => {
                     let bytes = self.read_extent(&extent)?;
-                    pinned_extents.insert(extent, Arc::new(bytes));
+                    pinned_extents.insert(extent, bytes);
                 }
             }
         }
@@ -523,12 +526,16 @@ impl Volume {
         self.space.free_bytes()
     }
 
-    /// Reads and verifies several extents, merging neighbours on the device into single
-    /// reads (extents written together lie side by side). Results are in input order.
-    pub fn read_extents(&self, extents: &[ExtentRef]) -> Vec<Result<Vec<u8>>> {
-        let mut order: Vec<usize> = (0..extents.len()).collect();
+    /// Reads and verifies several extents, from the cache where it holds them, merging
+    /// neighbours on the device into single reads (extents written together lie side by
+    /// side). Results are in input order.
+    pub fn read_extents(&self, extents: &[ExtentRef]) -> Vec<Result<Arc<Vec<u8>>>> {
+        let mut out: Vec<Option<Result<Arc<Vec<u8>>>>> = extents
+            .iter()
+            .map(|extent| self.cache.extent(extent).map(Ok))
+            .collect();
+        let mut order: Vec<usize> = (0..extents.len()).filter(|&i| out[i].is_none()).collect();
         order.sort_by_key(|&i| extents[i].offset);
-        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..extents.len()).map(|_| None).collect();
         let mut start = 0;
         while start < order.len() {
             // A run: each extent begins where the previous one's blocks end.
@@ -562,7 +569,12 @@ impl Volume {
                 out[index] = Some(match &read {
                     Ok(()) => {
                         let at = (extent.offset - first.offset) as usize;
-                        decode_extent(extent, &buffer[at..at + extent.stored_bytes as usize])
+                        let stored = &buffer[at..at + extent.stored_bytes as usize];
+                        decode_extent(extent, stored).map(|bytes| {
+                            let bytes = Arc::new(bytes);
+                            self.cache.insert_extent(*extent, bytes.clone());
+                            bytes
+                        })
                     }
                     Err(_) => self.read_extent(extent),
                 });
@@ -580,8 +592,19 @@ impl Volume {
             && extent.offset >= self.space.data_offset()
     }
 
-    /// Reads and verifies one extent. A checksum mismatch is an error, never data.
-    pub fn read_extent(&self, extent: &ExtentRef) -> Result<Vec<u8>> {
+    /// The verified, decoded bytes of one extent, from the cache or the device. A checksum
+    /// mismatch is an error, never data.
+    pub fn read_extent(&self, extent: &ExtentRef) -> Result<Arc<Vec<u8>>> {
+        if let Some(bytes) = self.cache.extent(extent) {
+            return Ok(bytes);
+        }
+        let bytes = Arc::new(self.read_extent_uncached(extent)?);
+        self.cache.insert_extent(*extent, bytes.clone());
+        Ok(bytes)
+    }
+
+    /// Reads and verifies one extent from the device, bypassing the cache (for `check`).
+    pub fn read_extent_uncached(&self, extent: &ExtentRef) -> Result<Vec<u8>> {
         if !self.extent_in_bounds(extent) {
             return Err(Error::corrupt(
                 "extent outside the data area",
@@ -794,9 +817,9 @@ impl Volume {
                 continue;
             };
             let payload = if lk.rtype == rtype::DATA && value.len() > DATA_INLINE_BYTES_MAX {
-                let stored = match encode_extent(value) {
-                    Some(compressed) => Stored::Lz4(compressed, value.len() as u32),
-                    None => Stored::Raw(value.clone()),
+                let stored = Stored {
+                    encoded: encode_extent(value, pending.codec),
+                    value: value.clone(),
                 };
                 data.push((mutations.len(), stored));
                 Payload::Inline(Vec::new()) // replaced below once the extent is placed
@@ -877,6 +900,9 @@ impl Volume {
             if let Mutation::Insert(element) = &mut mutations[*index] {
                 element.payload = Payload::Extent(extent);
             }
+            // The chunk is at hand decoded: a read or a partial overwrite soon after the
+            // commit (the common case) finds it without reading the device.
+            self.cache.insert_extent(extent, stored.value.clone());
             placed.push((offset, allocated, stored));
         }
         let mut start = 0;
@@ -1092,7 +1118,12 @@ impl Volume {
         Ok(())
     }
 
-    /// Drops cached nodes (for benchmarks that want cold caches).
+    /// Hits, misses and size of the node and extent cache.
+    pub fn cache_stats(&self) -> crate::cache::CacheStats {
+        self.cache.stats()
+    }
+
+    /// Drops cached nodes and extents (for benchmarks that want cold caches).
     pub fn drop_caches(&self) {
         self.cache.clear();
     }
@@ -1114,32 +1145,29 @@ impl Volume {
 
 pub(crate) type Step<T> = btree::Step<T>;
 
-/// An extent's bytes as they go to the device.
-enum Stored {
-    /// Stored as it is: the pending chunk itself, no copy.
-    Raw(Arc<Vec<u8>>),
-    /// LZ4-compressed, with the decompressed length.
-    Lz4(Vec<u8>, u32),
+/// An extent as it goes to the device: the pending chunk, and its compressed form if any.
+struct Stored {
+    value: Arc<Vec<u8>>,
+    /// (codec, compressed bytes); None stores `value` itself, with no copy.
+    encoded: Option<(u8, Vec<u8>)>,
 }
 
 impl Stored {
     fn bytes(&self) -> &[u8] {
-        match self {
-            Stored::Raw(bytes) => bytes,
-            Stored::Lz4(bytes, _) => bytes,
+        match &self.encoded {
+            Some((_, compressed)) => compressed,
+            None => &self.value,
         }
     }
     fn logical_bytes(&self) -> u32 {
-        match self {
-            Stored::Raw(bytes) => bytes.len() as u32,
-            Stored::Lz4(_, logical) => *logical,
-        }
+        self.value.len() as u32
     }
     fn compression(&self) -> u8 {
-        match self {
-            Stored::Raw(_) => crate::format::record::compression::NONE,
-            Stored::Lz4(..) => crate::format::record::compression::LZ4,
-        }
+        self.encoded
+            .as_ref()
+            .map_or(crate::format::record::compression::NONE, |(codec, _)| {
+                *codec
+            })
     }
 }
 

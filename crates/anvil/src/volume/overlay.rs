@@ -21,6 +21,8 @@ pub struct Pending {
     pub replaces: u64,
     /// Destroy the replaced version instead of keeping it as history.
     pub nohistory: bool,
+    /// Codec for the value if it becomes an extent (`format::record::compression`).
+    pub codec: u8,
 }
 
 #[derive(Default)]

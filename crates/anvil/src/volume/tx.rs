@@ -121,21 +121,32 @@ impl<'a> Tx<'a> {
             Value::Bytes(bytes) => Ok(bytes.clone()),
             Value::Extent(extent) => match self.pinned_extents.get(extent) {
                 Some(bytes) => Ok(bytes.clone()),
-                None => Err(Stop::Need(Need::Extent(*extent))),
+                None => match self.volume.cache.extent(extent) {
+                    Some(bytes) => Ok(bytes),
+                    None => Err(Stop::Need(Need::Extent(*extent))),
+                },
             },
         }
     }
 
     /// Sets (Some) or deletes (None) the record at `lk`.
     pub fn put(&mut self, lk: LogicalKey, value: Option<Arc<Vec<u8>>>) -> Step<()> {
-        self.put_with(lk, value, false)
+        self.put_with(
+            lk,
+            value,
+            false,
+            crate::format::record::compression::DEFAULT,
+        )
     }
 
+    /// `put` with the object's settings: destroy the old version instead of keeping it
+    /// (`nohistory`), and the codec for the value if it is stored as an extent.
     pub fn put_with(
         &mut self,
         lk: LogicalKey,
         value: Option<Arc<Vec<u8>>>,
         nohistory: bool,
+        codec: u8,
     ) -> Step<()> {
         let (replaces, existed) = match self.pending(&lk) {
             Some((pending, None)) => (pending.replaces, pending.value.is_some()),
@@ -168,6 +179,7 @@ impl<'a> Tx<'a> {
                 value,
                 replaces,
                 nohistory,
+                codec,
             },
         );
         Ok(())

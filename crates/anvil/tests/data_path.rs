@@ -1,0 +1,165 @@
+//! The data path: codecs chosen per directory and recorded per extent, every version
+//! readable byte for byte after small overwrites, and the extent cache serving repeated
+//! reads, through the library.
+
+use anvil::device::{Device, MemDevice};
+use anvil::format::record::compression;
+use anvil::{Filesystem, MountOptions};
+use rand::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use std::sync::Arc;
+
+fn options() -> MountOptions {
+    MountOptions {
+        commit_interval_ms: 0,
+        ..Default::default()
+    }
+}
+
+fn text(bytes: usize, seed: u64) -> Vec<u8> {
+    let words: [&[u8]; 6] = [
+        b"anvil ",
+        b"keeps ",
+        b"history ",
+        b"of ",
+        b"every ",
+        b"file\n",
+    ];
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(bytes + 16);
+    while out.len() < bytes {
+        out.extend_from_slice(words[rng.gen_range(0..words.len())]);
+    }
+    out.truncate(bytes);
+    out
+}
+
+fn assert_clean(fs: &Filesystem) {
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn codecs_per_directory_and_mixed_volumes() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "codecs").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let zdir = fs.mkdir_path("/z").unwrap();
+    fs.set_compression(zdir, Some(compression::ZSTD)).unwrap();
+    let raw_dir = fs.mkdir_path("/raw").unwrap();
+    fs.set_compression(raw_dir, Some(compression::NONE))
+        .unwrap();
+    assert_eq!(fs.compression(zdir).unwrap(), Some(compression::ZSTD));
+    assert_eq!(
+        fs.compression(anvil::format::record::ROOT_OBJ).unwrap(),
+        None
+    );
+
+    let a = text(256 << 10, 1);
+    let b = text(256 << 10, 2);
+    let zfile = fs.write_file("/z/f", &a).unwrap();
+    fs.mkdir_path("/z/sub").unwrap();
+    fs.write_file("/z/sub/g", &a).unwrap();
+    fs.write_file("/l", &a).unwrap();
+    fs.write_file("/raw/f", &a).unwrap();
+    assert_eq!(
+        fs.compression(zfile).unwrap(),
+        Some(compression::ZSTD),
+        "inherited"
+    );
+    let first = fs.sync().unwrap();
+
+    let split = fs.space_split().unwrap();
+    let [raw, lz4, zstd] = split.extents_by_codec;
+    assert_eq!((raw, lz4, zstd), (4, 4, 8), "{split:?}");
+    assert!(split.extent_logical_bytes > split.extent_allocated_bytes);
+
+    // Switch the directory to LZ4: new data takes it, old data keeps zstd and stays readable.
+    fs.set_compression(zdir, Some(compression::LZ4)).unwrap();
+    fs.write_file("/z/h", &b).unwrap();
+    let file = fs.resolve("/z/f").unwrap();
+    fs.write(file, 65536, &b[..65536]).unwrap();
+    let second = fs.sync().unwrap();
+    let mut expected = a.clone();
+    expected[65536..131072].copy_from_slice(&b[..65536]);
+
+    let check_all = |fs: &Filesystem| {
+        assert_eq!(fs.read_file("/z/f").unwrap(), expected);
+        assert_eq!(fs.read_file("/z/h").unwrap(), b);
+        assert_eq!(fs.read_file("/raw/f").unwrap(), a);
+        assert_eq!(fs.at(first).unwrap().read_file("/z/f").unwrap(), a);
+        assert_eq!(fs.at(second).unwrap().read_file("/z/f").unwrap(), expected);
+        assert_clean(fs);
+    };
+    check_all(&fs);
+    fs.close().unwrap();
+    drop(fs);
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    check_all(&fs);
+    assert_eq!(fs.compression(zdir).unwrap(), Some(compression::LZ4));
+}
+
+#[test]
+fn every_version_reads_back_after_small_overwrites() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "small").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+    let mut content = text(1 << 20, 3);
+    let ino = fs.write_file("/f", &content).unwrap();
+    let mut versions = vec![(fs.sync().unwrap(), content.clone())];
+    for round in 0..40 {
+        // One to three 4 KiB writes per commit, some across a chunk boundary, some past the
+        // end of the file.
+        for _ in 0..rng.gen_range(1..=3) {
+            let at = rng.gen_range(0..content.len() as u64 + 8192);
+            let piece = text(4096, 100 + round);
+            fs.write(ino, at, &piece).unwrap();
+            let end = at as usize + piece.len();
+            if content.len() < end {
+                content.resize(end, 0);
+            }
+            content[at as usize..end].copy_from_slice(&piece);
+        }
+        versions.push((fs.sync().unwrap(), content.clone()));
+    }
+    let check_all = |fs: &Filesystem| {
+        for (tid, bytes) in &versions {
+            assert_eq!(
+                &fs.at(*tid).unwrap().read_file("/f").unwrap(),
+                bytes,
+                "TID {tid}"
+            );
+        }
+        assert_eq!(&fs.read_file("/f").unwrap(), &versions.last().unwrap().1);
+    };
+    check_all(&fs);
+    fs.close().unwrap();
+    drop(fs);
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    check_all(&fs);
+    assert_clean(&fs);
+}
+
+#[test]
+fn repeated_reads_come_from_the_extent_cache() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "cache").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    let content = text(1 << 20, 5);
+    let ino = fs.write_file("/f", &content).unwrap();
+    fs.sync().unwrap();
+    fs.volume().drop_caches();
+    let before = fs.volume().cache_stats();
+    // Sixteen 4 KiB reads inside each of the file's chunks: one miss per chunk at most.
+    for offset in (0..content.len() as u64).step_by(4096) {
+        let got = fs.read(ino, offset, 4096).unwrap();
+        assert_eq!(got, &content[offset as usize..offset as usize + 4096]);
+    }
+    let after = fs.volume().cache_stats();
+    let misses = after.extent_misses - before.extent_misses;
+    let hits = after.extent_hits - before.extent_hits;
+    assert_eq!(misses, 16, "one miss per 64 KiB chunk");
+    assert_eq!(hits, 256 - 16);
+    assert!(after.bytes <= after.budget_bytes);
+}
