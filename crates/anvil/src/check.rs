@@ -254,6 +254,7 @@ fn check_namespace(volume: &Volume, live: &HashMap<LogicalKey, Element>, report:
             *subdirs.entry(lk.obj).or_default() += 1;
         }
     }
+    check_patches(live, report);
     let orphans: std::collections::HashSet<u64> = live
         .keys()
         .filter(|lk| lk.rtype == rtype::ORPHAN)
@@ -281,6 +282,48 @@ fn check_namespace(volume: &Volume, live: &HashMap<LogicalKey, Element>, report:
         }
         if named == 0 && *obj != ROOT_OBJ && !orphans.contains(obj) {
             note(report, format!("object {obj}: not named by any directory"));
+        }
+    }
+}
+
+/// Every live PATCH lies over the live DATA record of its chunk, written no later than the
+/// patch, and covers only bytes that chunk holds.
+fn check_patches(live: &HashMap<LogicalKey, Element>, report: &mut Report) {
+    use crate::format::record::{patch, DATA_CHUNK_BYTES};
+    let logical_len = |element: &Element| match &element.payload {
+        Payload::Inline(bytes) => bytes.len(),
+        Payload::Extent(extent) => extent.logical_bytes as usize,
+    };
+    for (lk, element) in live {
+        if lk.rtype != rtype::PATCH {
+            continue;
+        }
+        let (index, bitmap) = patch::split(lk.key);
+        let at = format!(
+            "object {} at file offset {} (patch TID {:#018x})",
+            lk.obj,
+            index * DATA_CHUNK_BYTES,
+            element.key.create_tid
+        );
+        let data = LogicalKey {
+            obj: lk.obj,
+            rtype: rtype::DATA,
+            key: (index + 1) * DATA_CHUNK_BYTES,
+        };
+        let Some(base) = live.get(&data) else {
+            note(
+                report,
+                format!("{at}: patch of a chunk that does not exist"),
+            );
+            continue;
+        };
+        if base.key.create_tid > element.key.create_tid {
+            note(report, format!("{at}: patch older than its chunk"));
+        }
+        if bitmap == 0
+            || patch::payload_len(bitmap, logical_len(base)) != Some(logical_len(element))
+        {
+            note(report, format!("{at}: patch does not fit its chunk"));
         }
     }
 }

@@ -241,6 +241,52 @@ fn fixed_workloads() -> Vec<(&'static str, Vec<Step>)> {
                 Step::Sync,
             ],
         ),
+        (
+            // Small overwrites of committed chunks become patches: through the log, across
+            // commits, widened within a group, then folded back into their chunk.
+            "patches",
+            ({
+                let mut steps = vec![
+                    op(|fs| fs.write_file("/p", &pattern(300_000, 5)).map(|_| ())),
+                    Step::Sync,
+                    op(|fs| {
+                        let ino = fs.resolve("/p")?;
+                        fs.write(ino, 8192, &pattern(4096, 6)).map(|_| ())
+                    }),
+                    Step::Fsync,
+                    op(|fs| {
+                        let ino = fs.resolve("/p")?;
+                        fs.write(ino, 12_000, &pattern(5000, 7))?;
+                        fs.write(ino, 70_000, &pattern(100, 8)).map(|_| ())
+                    }),
+                    Step::Sync,
+                ];
+                // More patches of one chunk than it may hold: the last write folds them in.
+                for i in 0..10u64 {
+                    steps.push(op(move |fs| {
+                        let ino = fs.resolve("/p")?;
+                        fs.write(ino, i * 6000, &pattern(3000, 9 + i as u8))
+                            .map(|_| ())
+                    }));
+                    steps.push(Step::Sync);
+                }
+                steps.extend([
+                    op(|fs| {
+                        let ino = fs.resolve("/p")?;
+                        fs.setattr(
+                            ino,
+                            &SetAttr {
+                                size: Some(10_000),
+                                ..Default::default()
+                            },
+                        )
+                        .map(|_| ())
+                    }),
+                    Step::Fsync,
+                ]);
+                steps
+            }),
+        ),
     ]
 }
 

@@ -26,6 +26,9 @@ pub mod rtype {
     pub const ORPHAN: u8 = 8;
     /// Commit time (volume object); key = TID, payload = unix time in ns.
     pub const COMMIT: u8 = 9;
+    /// Pages of a DATA chunk written after it (format version 2 on); key = chunk index << 16
+    /// | page bitmap, payload = those pages back to back (see `patch`).
+    pub const PATCH: u8 = 10;
 }
 
 /// Object id of volume-wide records.
@@ -453,6 +456,90 @@ pub const HASH_SLOTS: u64 = 1 << 16;
 pub const DATA_CHUNK_BYTES: u64 = 64 * 1024;
 /// File data up to this size is stored inline in the leaf rather than as an extent.
 pub const DATA_INLINE_BYTES_MAX: usize = 2048;
+
+/// PATCH records: small overwrites of a committed chunk, stored without rewriting it.
+///
+/// A PATCH holds whole 4 KiB pages of one chunk: its key is `chunk index << 16 | bitmap`
+/// (bit p set: page p, bytes `[p * 4096, (p + 1) * 4096)` of the chunk, clipped to the
+/// chunk's length), its payload those pages in ascending order. The chunk as of TID t is
+/// the DATA record visible at t with every PATCH of that chunk visible at t applied in
+/// create_tid order. Patches only ever cover bytes inside their chunk's DATA record: the
+/// operation that replaces or removes the DATA record removes the chunk's patches.
+pub mod patch {
+    use super::DATA_CHUNK_BYTES;
+
+    pub const PAGE_BYTES: u64 = 4096;
+    pub const PAGES: u32 = (DATA_CHUNK_BYTES / PAGE_BYTES) as u32;
+
+    pub fn key(chunk_index: u64, bitmap: u16) -> u64 {
+        (chunk_index << 16) | u64::from(bitmap)
+    }
+
+    /// (chunk index, page bitmap) of a PATCH key.
+    pub fn split(key: u64) -> (u64, u16) {
+        (key >> 16, (key & 0xffff) as u16)
+    }
+
+    /// Keys of every possible PATCH of chunks `first..=last`.
+    pub fn key_range(first: u64, last: u64) -> (u64, u64) {
+        (key(first, 1), key(last, u16::MAX))
+    }
+
+    /// The byte range of `page` in a chunk of `chunk_len` bytes, if the page holds any.
+    pub fn page_range(page: u32, chunk_len: usize) -> Option<std::ops::Range<usize>> {
+        let start = (u64::from(page) * PAGE_BYTES) as usize;
+        (start < chunk_len).then(|| start..(start + PAGE_BYTES as usize).min(chunk_len))
+    }
+
+    /// Payload length of a patch with `bitmap` over a chunk of `chunk_len` bytes; None if a
+    /// page lies outside the chunk.
+    pub fn payload_len(bitmap: u16, chunk_len: usize) -> Option<usize> {
+        let mut total = 0;
+        for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
+            total += page_range(page, chunk_len)?.len();
+        }
+        Some(total)
+    }
+
+    /// Applies one patch to a chunk. False if it does not fit (a corrupt record).
+    pub fn apply(chunk: &mut [u8], bitmap: u16, payload: &[u8]) -> bool {
+        if payload_len(bitmap, chunk.len()) != Some(payload.len()) || bitmap == 0 {
+            return false;
+        }
+        let mut at = 0;
+        for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
+            if let Some(range) = page_range(page, chunk.len()) {
+                let len = range.len();
+                chunk[range].copy_from_slice(&payload[at..at + len]);
+                at += len;
+            }
+        }
+        true
+    }
+
+    /// The payload of a patch with `bitmap`, cut from the chunk's current bytes.
+    pub fn extract(chunk: &[u8], bitmap: u16) -> Vec<u8> {
+        let mut out = Vec::new();
+        for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
+            if let Some(range) = page_range(page, chunk.len()) {
+                out.extend_from_slice(&chunk[range]);
+            }
+        }
+        out
+    }
+
+    /// The pages a byte range `[from, to)` of a chunk touches.
+    pub fn pages_of(from: u64, to: u64) -> u16 {
+        debug_assert!(from < to && to <= DATA_CHUNK_BYTES);
+        let first = from / PAGE_BYTES;
+        let last = (to - 1) / PAGE_BYTES;
+        let mut bitmap = 0u16;
+        for page in first..=last {
+            bitmap |= 1 << page;
+        }
+        bitmap
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -4,8 +4,8 @@
 use super::{inode_key, list_all, read_all, Attr, DirEntry, FileKind, Filesystem};
 use crate::error::{posix, Error, Result};
 use crate::format::record::{
-    hash_slot_base, kind, rtype, Dirent, Inode, LogicalKey, Xattr, DATA_CHUNK_BYTES, HASH_SLOTS,
-    ROOT_OBJ,
+    hash_slot_base, kind, patch, rtype, Dirent, Inode, LogicalKey, Xattr, DATA_CHUNK_BYTES,
+    HASH_SLOTS, ROOT_OBJ,
 };
 use crate::volume::{RootRef, Value};
 use std::sync::Arc;
@@ -154,9 +154,36 @@ impl<'a> AsOf<'a> {
         let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
         let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
         let mut out = vec![0u8; (end - offset) as usize];
+        let (patch_lo, patch_hi) =
+            patch::key_range(lo / DATA_CHUNK_BYTES - 1, hi / DATA_CHUNK_BYTES - 1);
+        let lk = |rtype, key| LogicalKey {
+            obj: ino,
+            rtype,
+            key,
+        };
+        let mut patches = super::chunk::PatchesByChunk::new();
+        for (lk, value, create_tid) in self.fs.volume.range_versions_at(
+            &self.root,
+            self.tid,
+            lk(rtype::PATCH, patch_lo),
+            lk(rtype::PATCH, patch_hi),
+            usize::MAX,
+        )? {
+            let index = patch::split(lk.key).0;
+            let bytes = self.bytes(&value)?;
+            patches
+                .entry(index)
+                .or_default()
+                .push((lk.key, bytes, create_tid));
+        }
         for (key, value) in self.records(ino, rtype::DATA, lo, hi, usize::MAX)? {
             let chunk_start = key - DATA_CHUNK_BYTES;
-            let bytes = self.bytes(&value)?;
+            let mut bytes = self.bytes(&value)?;
+            if let Some(found) = patches.get_mut(&(key / DATA_CHUNK_BYTES - 1)) {
+                let mut patched = bytes.to_vec();
+                super::chunk::apply_patches(&mut patched, found, ino)?;
+                bytes = Arc::new(patched);
+            }
             let from = offset.max(chunk_start);
             let to = end.min(chunk_start + bytes.len() as u64);
             if from < to {

@@ -5,6 +5,7 @@
 //! other operation and lands whole in one flush group.
 
 mod asof;
+mod chunk;
 mod history;
 mod prune;
 mod reblock;
@@ -22,7 +23,7 @@ use crate::btree::{Step, Stop};
 use crate::device::{Device, FileDevice};
 use crate::error::{posix, Error, Result};
 use crate::format::record::{
-    compression, inode_flags, kind, rtype, Dirent, Inode, LogicalKey, Timestamp, Xattr,
+    compression, inode_flags, kind, patch, rtype, Dirent, Inode, LogicalKey, Timestamp, Xattr,
     DATA_CHUNK_BYTES, HASH_SLOTS, NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
 };
 use crate::format::{record::hash_slot_base, BLOCK_BYTES};
@@ -173,7 +174,7 @@ fn is_empty_dir(tx: &Tx<'_>, dir: u64) -> Step<bool> {
 
 /// Deletes every record of an object (history keeps the versions).
 fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
-    for record_type in [rtype::DATA, rtype::XATTR, rtype::SYMLINK] {
+    for record_type in [rtype::DATA, rtype::PATCH, rtype::XATTR, rtype::SYMLINK] {
         let records = tx.range(obj, record_type, 0, u64::MAX, usize::MAX)?;
         for (key, _) in records {
             put(
@@ -269,10 +270,12 @@ fn resize_data(tx: &mut Tx<'_>, obj: u64, old_size: u64, size: u64) -> Step<()> 
             None,
         )?;
     }
+    chunk::drop_patches(tx, obj, first_dropped, FILE_BYTES_MAX / DATA_CHUNK_BYTES)?;
     if within != 0 {
         let lk = chunk_key(obj, keep_chunk);
-        if let Some(bytes) = tx.get_bytes(lk)? {
+        if let Some(bytes) = chunk::chunk_bytes(tx, obj, keep_chunk)? {
             if bytes.len() as u64 > within {
+                chunk::drop_patches(tx, obj, keep_chunk, keep_chunk)?;
                 put(tx, lk, Some(Arc::new(bytes[..within as usize].to_vec())))?;
             }
         }
@@ -857,49 +860,75 @@ impl Filesystem {
 
     /// Reads up to `size` bytes at `offset`. Holes read as zeros.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let (file_size, chunks, root) = self.volume.run(false, |tx| {
+        let (file_size, chunks, patches, root) = self.volume.run(false, |tx| {
             let inode = load_inode(tx, ino)?;
             if inode.is_dir() {
                 return fail(libc::EISDIR);
             }
             if offset >= inode.size || size == 0 {
-                return Ok((inode.size, Vec::new(), tx.root()));
+                return Ok((inode.size, Vec::new(), Vec::new(), tx.root()));
             }
             let end = inode.size.min(offset.saturating_add(size as u64));
             let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
             let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
-            Ok((
-                inode.size,
-                tx.range_versions(ino, rtype::DATA, lo, hi, usize::MAX)?,
-                tx.root(),
-            ))
+            let chunks = tx.range_versions(ino, rtype::DATA, lo, hi, usize::MAX)?;
+            let patches = chunk::patches(
+                tx,
+                ino,
+                lo / DATA_CHUNK_BYTES - 1,
+                hi / DATA_CHUNK_BYTES - 1,
+            )?;
+            Ok((inode.size, chunks, patches, tx.root()))
         })?;
         let end = file_size.min(offset.saturating_add(size as u64));
         if offset >= end {
             return Ok(Vec::new());
         }
         let mut out = vec![0u8; (end - offset) as usize];
+        // Every extent, of chunks and of patches, read in one pass (neighbours merged).
         let extents: Vec<_> = chunks
             .iter()
+            .chain(patches.iter())
             .filter_map(|(_, value, _)| match value {
                 Value::Extent(extent) => Some(*extent),
                 Value::Bytes(_) => None,
             })
             .collect();
         let mut loaded = self.volume.read_extents(&extents).into_iter();
-        for (key, value, create_tid) in chunks {
+        let mut resolve = |value: &Value, chunk_start: u64, create_tid: u64| match value {
+            Value::Bytes(bytes) => Ok(bytes.clone()),
+            Value::Extent(_) => {
+                let result = loaded.next().expect("one result per extent");
+                result.inspect_err(|e| {
+                    log::error!(
+                        "read of object {ino} at offset {chunk_start} \
+                         (TID {create_tid:#018x}) failed: {e}"
+                    );
+                })
+            }
+        };
+        let mut chunk_bytes = Vec::with_capacity(chunks.len());
+        for (key, value, create_tid) in &chunks {
+            chunk_bytes.push((*key, resolve(value, key - DATA_CHUNK_BYTES, *create_tid)?));
+        }
+        let mut patch_bytes = chunk::PatchesByChunk::new();
+        for (key, value, create_tid) in &patches {
+            let index = patch::split(*key).0;
+            let bytes = resolve(value, index * DATA_CHUNK_BYTES, *create_tid)?;
+            patch_bytes
+                .entry(index)
+                .or_default()
+                .push((*key, bytes, *create_tid));
+        }
+        for (key, bytes) in chunk_bytes {
             let chunk_start = key - DATA_CHUNK_BYTES;
-            let bytes = match &value {
-                Value::Bytes(bytes) => bytes.clone(),
-                Value::Extent(_) => {
-                    let result = loaded.next().expect("one result per extent");
-                    result.inspect_err(|e| {
-                        log::error!(
-                            "read of object {ino} at offset {chunk_start} \
-                             (TID {create_tid:#018x}) failed: {e}"
-                        );
-                    })?
+            let bytes = match patch_bytes.get_mut(&(key / DATA_CHUNK_BYTES - 1)) {
+                Some(found) => {
+                    let mut patched = bytes.to_vec();
+                    chunk::apply_patches(&mut patched, found, ino)?;
+                    Arc::new(patched)
                 }
+                None => bytes,
             };
             let from = offset.max(chunk_start);
             let to = end.min(chunk_start + bytes.len() as u64);
@@ -933,6 +962,7 @@ impl Filesystem {
             }
             let nohistory = inode.flags & inode_flags::NOHISTORY != 0;
             let codec = inode.codec();
+            let policy = chunk::Policy { nohistory, codec };
             let first = offset / DATA_CHUNK_BYTES;
             let last = (end - 1) / DATA_CHUNK_BYTES;
             for index in first..=last {
@@ -942,10 +972,15 @@ impl Filesystem {
                 let src = &data[(from - offset) as usize..(to - offset) as usize];
                 let lk = chunk_key(ino, index);
                 let at = (from - chunk_start) as usize;
-                let new_chunk = if at == 0 && src.len() as u64 == DATA_CHUNK_BYTES {
+                let valid = inode.size.saturating_sub(chunk_start);
+                let whole = at == 0 && src.len() as u64 == DATA_CHUNK_BYTES;
+                if !whole && chunk::try_patch(tx, ino, index, at, src, valid, policy)? {
+                    continue;
+                }
+                let new_chunk = if whole {
                     src.to_vec()
                 } else {
-                    let mut chunk = match tx.get_bytes(lk)? {
+                    let mut chunk = match chunk::chunk_bytes(tx, ino, index)? {
                         Some(existing) => existing.to_vec(),
                         None => Vec::new(),
                     };
@@ -961,6 +996,8 @@ impl Filesystem {
                     chunk[at..at + src.len()].copy_from_slice(src);
                     chunk
                 };
+                // The chunk is rewritten whole: its patches are part of it now.
+                chunk::drop_patches(tx, ino, index, index)?;
                 // The inode is at hand: no need for `put` to look the flag up per chunk.
                 tx.put_with(lk, Some(Arc::new(new_chunk)), nohistory, codec)?;
             }

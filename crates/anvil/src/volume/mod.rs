@@ -630,6 +630,19 @@ impl Volume {
         hi: LogicalKey,
         limit: usize,
     ) -> Result<Vec<(LogicalKey, Value)>> {
+        let versions = self.range_versions_at(root, tid, lo, hi, limit)?;
+        Ok(versions.into_iter().map(|(lk, v, _)| (lk, v)).collect())
+    }
+
+    /// Like `range_at`, also giving each element's create_tid.
+    pub fn range_versions_at(
+        &self,
+        root: &RootRef,
+        tid: u64,
+        lo: LogicalKey,
+        hi: LogicalKey,
+        limit: usize,
+    ) -> Result<Vec<(LogicalKey, Value, u64)>> {
         if tid > root.tid {
             return Err(Error::Invalid(format!(
                 "TID {tid:#018x} is newer than the last commit {:#018x}",
@@ -642,7 +655,7 @@ impl Volume {
         let loader = self.loader();
         let result = btree::range(&loader, root.root, &lo_key, &hi_key, &mut |e| {
             if e.visible_at(tid) {
-                out.push((e.key.logical(), payload_value(&e.payload)));
+                out.push((e.key.logical(), payload_value(&e.payload), e.key.create_tid));
             }
             out.len() < limit
         });
@@ -816,7 +829,8 @@ impl Volume {
             let Some(value) = &pending.value else {
                 continue;
             };
-            let payload = if lk.rtype == rtype::DATA && value.len() > DATA_INLINE_BYTES_MAX {
+            let is_data = lk.rtype == rtype::DATA || lk.rtype == rtype::PATCH;
+            let payload = if is_data && value.len() > DATA_INLINE_BYTES_MAX {
                 let stored = Stored {
                     encoded: encode_extent(value, pending.codec),
                     value: value.clone(),
@@ -1178,7 +1192,7 @@ type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock);
 fn log_entry_is_valid(entry: &LogEntry) -> bool {
     let len = entry.value.as_ref().map_or(0, Vec::len);
     let limit = match entry.lk.rtype {
-        rtype::DATA => crate::format::record::DATA_CHUNK_BYTES as usize,
+        rtype::DATA | rtype::PATCH => crate::format::record::DATA_CHUNK_BYTES as usize,
         rtype::INODE..=rtype::COMMIT => crate::format::record::INLINE_BYTES_MAX,
         _ => return false,
     };

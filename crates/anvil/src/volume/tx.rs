@@ -201,7 +201,14 @@ impl<'a> Tx<'a> {
             .collect())
     }
 
-    /// Like `range`, also giving each record's create_tid (0 while pending).
+    /// Whether `lk` has a change pending in the active group (or this operation), that is, a
+    /// change that will commit with this operation's TID.
+    pub fn is_pending_active(&self, lk: &LogicalKey) -> bool {
+        self.writes.contains_key(lk) || self.state.active.map.contains_key(lk)
+    }
+
+    /// Like `range`, also giving each record's create_tid; a pending record gives the TID
+    /// its group will commit as, so create_tids order every version visible here.
     pub fn range_versions(
         &self,
         obj: u64,
@@ -257,15 +264,16 @@ impl<'a> Tx<'a> {
                 key: batch_end,
                 ..lo_lk
             };
-            let mut layered: BTreeMap<u64, Option<Value>> = BTreeMap::new();
-            let layers: [Option<&BTreeMap<LogicalKey, Pending>>; 3] = [
-                self.state.frozen.as_deref().map(|f| &f.map),
-                Some(&self.state.active.map),
-                Some(&self.writes),
+            let mut layered: BTreeMap<u64, (Option<Value>, u64)> = BTreeMap::new();
+            let active_tid = self.state.active.tid;
+            let layers: [Option<(&BTreeMap<LogicalKey, Pending>, u64)>; 3] = [
+                self.state.frozen.as_deref().map(|f| (&f.map, f.tid)),
+                Some((&self.state.active.map, active_tid)),
+                Some((&self.writes, active_tid)),
             ];
-            for layer in layers.into_iter().flatten() {
+            for (layer, tid) in layers.into_iter().flatten() {
                 for (lk, pending) in layer.range((Bound::Included(from), Bound::Included(to))) {
-                    layered.insert(lk.key, pending.value.clone().map(Value::Bytes));
+                    layered.insert(lk.key, (pending.value.clone().map(Value::Bytes), tid));
                 }
             }
             let mut tree = batch.into_iter().peekable();
@@ -279,13 +287,13 @@ impl<'a> Tx<'a> {
                         if p == t {
                             tree.next();
                         }
-                        let (key, value) = pend.next().expect("peeked");
-                        value.map(|v| (key, v, 0))
+                        let (key, (value, tid)) = pend.next().expect("peeked");
+                        value.map(|v| (key, v, tid))
                     }
                     (Some(_), _) => tree.next(),
                     (None, Some(_)) => {
-                        let (key, value) = pend.next().expect("peeked");
-                        value.map(|v| (key, v, 0))
+                        let (key, (value, tid)) = pend.next().expect("peeked");
+                        value.map(|v| (key, v, tid))
                     }
                 };
                 if let Some(item) = item {

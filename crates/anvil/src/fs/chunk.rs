@@ -1,0 +1,175 @@
+//! File data as chunks: one DATA record per 64 KiB chunk, and PATCH records for small
+//! overwrites of a committed chunk (`format::record::patch`).
+//!
+//! A write of a few pages into a chunk that is already on the device stores only those
+//! pages, as a PATCH of the chunk, instead of a new copy of the whole chunk. Reads apply a
+//! chunk's patches over it in create_tid order. Patches are bounded per chunk (count and
+//! pages); the write that would pass a bound writes the whole chunk anew and removes its
+//! patches in the same operation, so a patch always lies over the DATA record it was
+//! written against, at every TID.
+
+use super::{chunk_key, put};
+use crate::btree::{Step, Stop};
+use crate::error::{Error, Result};
+use crate::format::record::{patch, rtype, LogicalKey, DATA_CHUNK_BYTES};
+use crate::volume::{Tx, Value};
+use std::sync::Arc;
+
+/// Live patches a chunk may have; the next small write rewrites the chunk instead.
+const PATCHES_PER_CHUNK_MAX: usize = 8;
+/// Pages all live patches of a chunk may cover together (half the chunk).
+const PATCH_PAGES_MAX: u32 = patch::PAGES / 2;
+
+/// A patch with its bytes: (key, bytes, create_tid).
+pub(crate) type ResolvedPatch = (u64, Arc<Vec<u8>>, u64);
+/// Resolved patches by chunk index.
+pub(crate) type PatchesByChunk = std::collections::HashMap<u64, Vec<ResolvedPatch>>;
+
+/// How an object's records are written: keep history or not, and the codec of its data.
+#[derive(Clone, Copy)]
+pub(super) struct Policy {
+    pub nohistory: bool,
+    pub codec: u8,
+}
+
+pub(super) fn patch_lk(obj: u64, key: u64) -> LogicalKey {
+    LogicalKey {
+        obj,
+        rtype: rtype::PATCH,
+        key,
+    }
+}
+
+/// Live patches of chunks `first..=last` as (key, value, create_tid), in key order.
+pub(super) fn patches(
+    tx: &Tx<'_>,
+    obj: u64,
+    first: u64,
+    last: u64,
+) -> Step<Vec<(u64, Value, u64)>> {
+    let (lo, hi) = patch::key_range(first, last);
+    tx.range_versions(obj, rtype::PATCH, lo, hi, usize::MAX)
+}
+
+/// Applies patches to a chunk's bytes, oldest first. `patches` holds (key, bytes,
+/// create_tid) of this chunk only.
+pub(crate) fn apply_patches(
+    chunk: &mut [u8],
+    patches: &mut [ResolvedPatch],
+    obj: u64,
+) -> Result<()> {
+    patches.sort_by_key(|p| p.2);
+    for (key, bytes, tid) in patches.iter() {
+        let (index, bitmap) = patch::split(*key);
+        if !patch::apply(chunk, bitmap, bytes) {
+            return Err(Error::corrupt(
+                format!(
+                    "patch {bitmap:#06x} of {} bytes does not fit its chunk of {} bytes",
+                    bytes.len(),
+                    chunk.len()
+                ),
+                format!(
+                    "object {obj} at file offset {} (TID {tid:#018x})",
+                    index * DATA_CHUNK_BYTES
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The current bytes of chunk `index`: its DATA record with its patches applied. None for
+/// a hole.
+pub(super) fn chunk_bytes(tx: &Tx<'_>, obj: u64, index: u64) -> Step<Option<Arc<Vec<u8>>>> {
+    let base = tx.get_bytes(chunk_key(obj, index))?;
+    let found = patches(tx, obj, index, index)?;
+    if found.is_empty() {
+        return Ok(base);
+    }
+    let Some(base) = base else {
+        return Err(Stop::Fail(Error::corrupt(
+            "patch of a chunk that does not exist",
+            format!("object {obj} at file offset {}", index * DATA_CHUNK_BYTES),
+        )));
+    };
+    let mut resolved = Vec::with_capacity(found.len());
+    for (key, value, tid) in found {
+        resolved.push((key, tx.resolve(&value)?, tid));
+    }
+    let mut bytes = base.to_vec();
+    apply_patches(&mut bytes, &mut resolved, obj)?;
+    Ok(Some(Arc::new(bytes)))
+}
+
+/// Removes the patches of chunks `first..=last` (their DATA records are being replaced or
+/// removed).
+pub(super) fn drop_patches(tx: &mut Tx<'_>, obj: u64, first: u64, last: u64) -> Step<()> {
+    for (key, _, _) in patches(tx, obj, first, last)? {
+        put(tx, patch_lk(obj, key), None)?;
+    }
+    Ok(())
+}
+
+/// Writes `src` at byte `at` of chunk `index` as a patch, if the chunk is committed as an
+/// extent, the write overwrites bytes it holds (below `valid`, the file's end inside the
+/// chunk) and the chunk's patch bounds allow it. Returns false when the caller must rewrite
+/// the chunk instead.
+pub(super) fn try_patch(
+    tx: &mut Tx<'_>,
+    obj: u64,
+    index: u64,
+    at: usize,
+    src: &[u8],
+    valid: u64,
+    policy: Policy,
+) -> Step<bool> {
+    let Policy { nohistory, codec } = policy;
+    let lk = chunk_key(obj, index);
+    if tx.is_pending_active(&lk) {
+        return Ok(false); // the chunk is in memory anyway and commits once
+    }
+    let chunk_len = match tx.get(lk)? {
+        Some(Value::Extent(extent)) => extent.logical_bytes as usize,
+        _ => return Ok(false), // a hole, or inline bytes: rewriting costs little
+    };
+    let end = at + src.len();
+    if end > chunk_len || end as u64 > valid {
+        return Ok(false);
+    }
+    let live = patches(tx, obj, index, index)?;
+    // This group's own patch of the chunk, if any, is widened instead of adding another.
+    let mut own = None;
+    let mut others = 0;
+    let mut pages = 0;
+    for (key, _, _) in &live {
+        if tx.is_pending_active(&patch_lk(obj, *key)) {
+            own = Some(*key);
+        } else {
+            others += 1;
+            pages += patch::split(*key).1.count_ones();
+        }
+    }
+    let own_bitmap = own.map_or(0, |key| patch::split(key).1);
+    let bitmap = own_bitmap | patch::pages_of(at as u64, end as u64);
+    if others + 1 > PATCHES_PER_CHUNK_MAX || pages + bitmap.count_ones() > PATCH_PAGES_MAX {
+        return Ok(false);
+    }
+    let Some(current) = chunk_bytes(tx, obj, index)? else {
+        return Ok(false);
+    };
+    let mut current = current.to_vec();
+    current[at..end].copy_from_slice(src);
+    let payload = patch::extract(&current, bitmap);
+    let key = patch::key(index, bitmap);
+    if let Some(old) = own.filter(|&old| old != key) {
+        // The wider patch covers every page of the narrower one.
+        tx.put_with(patch_lk(obj, old), None, nohistory, codec)?;
+    }
+    tx.put_with(
+        patch_lk(obj, key),
+        Some(Arc::new(payload)),
+        nohistory,
+        codec,
+    )?;
+    Ok(true)
+}
