@@ -26,6 +26,7 @@ const ZFS_PIDFILE: &str = "/run/anvil-bench-zfs-fuse.pid";
 pub const FS_NAMES: &[&str] = &[
     "anvil",
     "anvil-nohistory",
+    "anvil-zstd",
     "anvil-lib",
     "ext4",
     "xfs",
@@ -45,6 +46,8 @@ pub enum Kind {
     Anvil,
     /// anvil mounted with `-o nohistory`: overwrites and deletes free space at once.
     AnvilNoHistory,
+    /// anvil made with `mkfs --compression zstd`.
+    AnvilZstd,
     AnvilLib,
     Tmpfs,
     Dir(PathBuf),
@@ -80,6 +83,7 @@ pub fn parse_targets(fs_list: Option<&str>, dirs: &[PathBuf]) -> Result<Vec<Targ
             "zfs-fuse" | "zfs" => Kind::ZfsFuse,
             "anvil" => Kind::Anvil,
             "anvil-nohistory" => Kind::AnvilNoHistory,
+            "anvil-zstd" => Kind::AnvilZstd,
             "anvil-lib" => Kind::AnvilLib,
             "tmpfs" => Kind::Tmpfs,
             _ => {
@@ -444,7 +448,7 @@ impl Target {
                 mkfs_mount("btrfs", "mkfs.btrfs", &["-q", "-f"], Some("compress=zstd"))
             }
             Kind::ZfsFuse => return self.build_zfs(&dev, mnt),
-            Kind::Anvil | Kind::AnvilNoHistory | Kind::AnvilLib => {
+            Kind::Anvil | Kind::AnvilNoHistory | Kind::AnvilZstd | Kind::AnvilLib => {
                 return self.build_anvil(cfg, &dev, mnt)
             }
             Kind::Tmpfs | Kind::Dir(_) => unreachable!("handled above"),
@@ -550,9 +554,17 @@ impl Target {
         if !bin.is_file() {
             return fail(format!("anvil binary {} not found", bin.display()));
         }
-        run_cmd(Command::new(bin).arg("mkfs").arg(dev))?;
+        let mut mkfs = Command::new(bin);
+        mkfs.arg("mkfs").arg(dev);
+        if self.spec.kind == Kind::AnvilZstd {
+            mkfs.args(["--compression", "zstd"]);
+        }
+        run_cmd(&mut mkfs)?;
         self.info.fs_type = "anvil".into();
-        self.info.mkfs = Some(format!("anvil mkfs {dev}"));
+        self.info.mkfs = Some(match self.spec.kind {
+            Kind::AnvilZstd => format!("anvil mkfs {dev} --compression zstd"),
+            _ => format!("anvil mkfs {dev}"),
+        });
         if self.spec.kind == Kind::AnvilLib {
             let mut options = MountOptions::default();
             if let Some(c) = cfg.anvil_cache {
@@ -895,7 +907,7 @@ impl Probe for Target {
                 Ok(true)
             }
             // With history off, a snapshot would keep nothing: unsupported.
-            (Kind::Anvil, _) => {
+            (Kind::Anvil | Kind::AnvilZstd, _) => {
                 let mnt = self.mount.as_deref().unwrap_or(Path::new("/"));
                 set_xattr(mnt, "trusted.anvil.snapshot", name.as_bytes())?;
                 Ok(true)

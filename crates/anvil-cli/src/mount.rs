@@ -31,6 +31,8 @@ struct Config {
     transport: Transport,
     queue_depth: u16,
     idle_workers: bool,
+    /// O_DIRECT on the device (`device_io=direct`, the default) or the host's page cache.
+    direct_io: bool,
 }
 
 /// How requests reach the daemon: `auto` takes io_uring when the kernel offers it.
@@ -53,6 +55,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         transport: Transport::Auto,
         queue_depth: uring::DEFAULT_QUEUE_DEPTH,
         idle_workers: true,
+        direct_io: true,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -97,6 +100,13 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
                 }
             }
             "queue_depth" => config.queue_depth = number(value)?.clamp(1, 256) as u16,
+            "device_io" => {
+                config.direct_io = match value {
+                    Some("direct") => true,
+                    Some("buffered") => false,
+                    _ => return Err("option device_io: direct or buffered".to_string()),
+                }
+            }
             // Always on: accepted for compatibility with fstab habits.
             "allow_other" | "default_permissions" | "defaults" => {}
             _ => return Err(format!("unknown mount option {option:?}")),
@@ -253,10 +263,16 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
         let rings = uring::ring_bytes(config.queue_depth);
         config.mount.cache_bytes = config.mount.cache_bytes.saturating_sub(rings).max(16 << 20);
     }
-    let device = match FileDevice::open(image, !config.mount.read_only) {
+    let opened = if config.direct_io {
+        FileDevice::open_direct(image, !config.mount.read_only)
+    } else {
+        FileDevice::open(image, !config.mount.read_only)
+    };
+    let device = match opened {
         Ok(device) => device,
         Err(e) => return startup_error(format!("cannot open {}: {e}", image.display())),
     };
+    let io_mode = device.io_mode();
     if !try_lock_exclusive(device.file()) {
         return startup_error(format!("{} is already mounted or in use", image.display()));
     }
@@ -272,6 +288,12 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
         Ok(fs) => Arc::new(fs),
         Err(e) => return startup_error(format!("{}: {e}", image.display())),
     };
+    match io_mode {
+        anvil::device::IoMode::Direct => log::info!("device I/O: direct (O_DIRECT)"),
+        anvil::device::IoMode::Buffered(why) => {
+            log::info!("device I/O: through the host page cache ({why})")
+        }
+    }
     let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
     if let Some(spec) = &config.as_of {
         match fs.resolve_as_of(spec) {

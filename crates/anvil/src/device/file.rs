@@ -1,25 +1,128 @@
-//! A regular image file or a block device.
+//! A regular image file or a block device, read and written with O_DIRECT where the host
+//! allows it.
+//!
+//! With O_DIRECT the host's page cache holds none of the device's blocks: the engine's own
+//! cache (`crate::cache`) is the only copy in memory, so under a memory limit the space goes
+//! to what is decoded and used, and file data read through a mount is not cached twice (as
+//! the mount's pages and as the image's). Direct I/O needs buffers, offsets and lengths
+//! aligned to the device's block size; requests that are not are carried through an
+//! aligned bounce buffer (reads round out to whole blocks; a write that covers part of a
+//! block reads it first). Where the host refuses O_DIRECT (tmpfs, some network file
+//! systems), or later fails a direct request with EINVAL, the device says why once in the
+//! log and goes on through the page cache.
+//!
+//! Small direct reads read around: the aligned 128 KiB window that holds them is read
+//! whole and kept in a small buffer (64 windows, 8 MiB), so that nodes and extents written
+//! side by side by one commit (a directory's files, a tree path) come in one request, as
+//! the page cache's readahead would bring them. Every write drops the windows it overlaps;
+//! a window read while any write was in flight is not kept.
 
 use super::Device;
+use lru::LruCache;
+use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::num::NonZeroUsize;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Alignment of direct requests: the largest logical block size in use (4096; a multiple of
+/// 512-byte sectors).
+const DIRECT_ALIGN: usize = 4096;
+/// Size and alignment of a read-around window.
+const WINDOW_BYTES: u64 = 128 << 10;
+/// Windows kept.
+const WINDOWS: usize = 64;
 
 pub struct FileDevice {
     file: File,
+    /// The same file opened with O_DIRECT, while direct I/O works.
+    direct: Option<File>,
+    direct_failed: AtomicBool,
     is_block_device: bool,
+    windows: ReadAround,
+}
+
+/// Recently read windows of a direct device, by window index.
+struct ReadAround {
+    windows: Mutex<LruCache<u64, Arc<Vec<u8>>>>,
+    /// Writes begun, and writes in flight: a window read while either changed or any
+    /// write was in flight is not kept.
+    writes: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+impl ReadAround {
+    fn new() -> ReadAround {
+        ReadAround {
+            windows: Mutex::new(LruCache::new(NonZeroUsize::new(WINDOWS).expect("nonzero"))),
+            writes: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    /// Drops the windows `[offset, offset + len)` touches.
+    fn invalidate(&self, offset: u64, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let first = offset / WINDOW_BYTES;
+        let last = (offset + len as u64 - 1) / WINDOW_BYTES;
+        let mut windows = self.windows.lock();
+        if last - first >= WINDOWS as u64 {
+            windows.clear();
+            return;
+        }
+        for index in first..=last {
+            windows.pop(&index);
+        }
+    }
+}
+
+/// How a device ended up being accessed, for the mount's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoMode {
+    Direct,
+    /// Through the host's page cache, with the reason.
+    Buffered(String),
 }
 
 impl FileDevice {
-    /// Opens an existing image or block device.
+    /// Opens an existing image or block device through the host's page cache.
     pub fn open(path: &Path, writable: bool) -> io::Result<FileDevice> {
         let file = OpenOptions::new().read(true).write(writable).open(path)?;
         let is_block_device = file.metadata()?.file_type().is_block_device();
         Ok(FileDevice {
             file,
+            direct: None,
+            direct_failed: AtomicBool::new(false),
             is_block_device,
+            windows: ReadAround::new(),
         })
+    }
+
+    /// Opens an existing image or block device for direct I/O, falling back to the page
+    /// cache (with the reason in `io_mode`) where the host refuses it.
+    pub fn open_direct(path: &Path, writable: bool) -> io::Result<FileDevice> {
+        let mut device = FileDevice::open(path, writable)?;
+        match OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(direct) => device.direct = Some(direct),
+            Err(e) => {
+                log::info!(
+                    "{}: O_DIRECT refused ({e}); using the page cache",
+                    path.display()
+                );
+                device.direct_failed.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(device)
     }
 
     /// Creates (or opens) an image file for mkfs.
@@ -33,7 +136,10 @@ impl FileDevice {
         let is_block_device = file.metadata()?.file_type().is_block_device();
         Ok(FileDevice {
             file,
+            direct: None,
+            direct_failed: AtomicBool::new(false),
             is_block_device,
+            windows: ReadAround::new(),
         })
     }
 
@@ -45,70 +151,240 @@ impl FileDevice {
     pub fn file(&self) -> &File {
         &self.file
     }
+
+    pub fn io_mode(&self) -> IoMode {
+        match self.direct_file() {
+            Some(_) => IoMode::Direct,
+            None if self.direct.is_some() => {
+                IoMode::Buffered("a direct request failed with EINVAL".to_string())
+            }
+            None if self.direct_failed.load(Ordering::Relaxed) => {
+                IoMode::Buffered("the host refused O_DIRECT".to_string())
+            }
+            None => IoMode::Buffered("opened without O_DIRECT".to_string()),
+        }
+    }
+
+    /// A direct read, through the read-around windows when it is small.
+    fn read_around(&self, direct: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let Some(end) = offset.checked_add(buf.len() as u64) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        if buf.is_empty() || buf.len() as u64 >= WINDOW_BYTES {
+            return direct_read(direct, buf, offset);
+        }
+        let first = offset / WINDOW_BYTES;
+        let last = (end - 1) / WINDOW_BYTES;
+        let mut found: Vec<Arc<Vec<u8>>> = Vec::with_capacity(2);
+        {
+            let mut windows = self.windows.windows.lock();
+            for index in first..=last {
+                match windows.get(&index) {
+                    Some(window) => found.push(window.clone()),
+                    None => break,
+                }
+            }
+        }
+        if found.len() as u64 != last - first + 1 {
+            let before = self.windows.writes.load(Ordering::Acquire);
+            let quiet = self.windows.in_flight.load(Ordering::Acquire) == 0;
+            let span = ((last - first + 1) * WINDOW_BYTES) as usize;
+            let mut read = AlignedBuf::new(span);
+            let got = read_full(direct, read.as_mut_slice(), first * WINDOW_BYTES)?;
+            let bytes = &read.as_slice()[..got];
+            found = bytes
+                .chunks(WINDOW_BYTES as usize)
+                .map(|w| Arc::new(w.to_vec()))
+                .collect();
+            // Kept only if no write was in flight or began meanwhile.
+            let after = self.windows.writes.load(Ordering::Acquire);
+            if quiet && before == after && self.windows.in_flight.load(Ordering::Acquire) == 0 {
+                let mut windows = self.windows.windows.lock();
+                for (i, window) in found.iter().enumerate() {
+                    windows.put(first + i as u64, window.clone());
+                }
+            }
+        }
+        let mut at = offset;
+        let mut filled = 0;
+        for (i, window) in found.iter().enumerate() {
+            let window_start = (first + i as u64) * WINDOW_BYTES;
+            let from = (at - window_start) as usize;
+            if from >= window.len() {
+                break;
+            }
+            let take = (window.len() - from).min(buf.len() - filled);
+            buf[filled..filled + take].copy_from_slice(&window[from..from + take]);
+            filled += take;
+            at += take as u64;
+            if filled == buf.len() {
+                return Ok(());
+            }
+        }
+        Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+    }
+
+    fn direct_file(&self) -> Option<&File> {
+        self.direct
+            .as_ref()
+            .filter(|_| !self.direct_failed.load(Ordering::Relaxed))
+    }
+
+    /// Runs a direct request; on EINVAL (the host accepted O_DIRECT at open but not for
+    /// this file) switches to the page cache for good and reports it once.
+    fn direct_or_fallback<T>(
+        &self,
+        direct: impl FnOnce(&File) -> io::Result<T>,
+        buffered: impl FnOnce(&File) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let Some(file) = self.direct_file() else {
+            return buffered(&self.file);
+        };
+        match direct(file) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                if !self.direct_failed.swap(true, Ordering::Relaxed) {
+                    log::warn!("direct I/O failed ({e}); using the page cache from now on");
+                }
+                buffered(&self.file)
+            }
+            other => other,
+        }
+    }
+}
+
+/// A zeroed buffer of `len` bytes whose start is aligned for direct I/O (no unsafe: a
+/// larger vector, used from its first aligned byte).
+struct AlignedBuf {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let bytes = vec![0u8; len + DIRECT_ALIGN];
+        let start = bytes.as_ptr().align_offset(DIRECT_ALIGN);
+        AlignedBuf { bytes, start, len }
+    }
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[self.start..self.start + self.len]
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.start + self.len]
+    }
+}
+
+fn is_aligned(buf: &[u8], offset: u64) -> bool {
+    (buf.as_ptr() as usize) % DIRECT_ALIGN == 0
+        && buf.len() % DIRECT_ALIGN == 0
+        && offset % DIRECT_ALIGN as u64 == 0
+}
+
+/// Reads as much of `buf` as the file holds at `offset`; returns the bytes read (short only
+/// at the end of the file).
+fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The whole blocks around `[offset, offset + len)`.
+fn block_span(offset: u64, len: usize) -> (u64, usize) {
+    let align = DIRECT_ALIGN as u64;
+    let start = offset / align * align;
+    let end = (offset + len as u64).div_ceil(align) * align;
+    (start, (end - start) as usize)
+}
+
+fn direct_read(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    if is_aligned(buf, offset) {
+        if read_full(file, buf, offset)? < buf.len() {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        return Ok(());
+    }
+    let (start, span) = block_span(offset, buf.len());
+    let mut bounce = AlignedBuf::new(span);
+    let got = read_full(file, bounce.as_mut_slice(), start)?;
+    let from = (offset - start) as usize;
+    if got < from + buf.len() {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+    }
+    buf.copy_from_slice(&bounce.as_slice()[from..from + buf.len()]);
+    Ok(())
+}
+
+fn direct_write(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    if is_aligned(buf, offset) {
+        return file.write_all_at(buf, offset);
+    }
+    let (start, span) = block_span(offset, buf.len());
+    let mut bounce = AlignedBuf::new(span);
+    let from = (offset - start) as usize;
+    let align = DIRECT_ALIGN;
+    // Blocks the write covers only in part keep their other bytes (zeros past the end).
+    if from != 0 {
+        read_full(file, &mut bounce.as_mut_slice()[..align], start)?;
+    }
+    if (from + buf.len()) % align != 0 && (span > align || from == 0) {
+        let last = span - align;
+        read_full(
+            file,
+            &mut bounce.as_mut_slice()[last..],
+            start + last as u64,
+        )?;
+    }
+    bounce.as_mut_slice()[from..from + buf.len()].copy_from_slice(buf);
+    file.write_all_at(bounce.as_slice(), start)
 }
 
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let direct_done = match self.direct_file() {
+            Some(direct) => self.direct_or_fallback(
+                |_| self.read_around(direct, buf, offset).map(|()| true),
+                |_| Ok(false),
+            )?,
+            None => false,
+        };
+        if direct_done {
+            return Ok(());
+        }
         self.file.read_exact_at(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, offset)
+        self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.windows.writes.fetch_add(1, Ordering::AcqRel);
+        self.windows.invalidate(offset, buf.len());
+        let result = self.direct_or_fallback(
+            |direct| direct_write(direct, buf, offset),
+            |file| file.write_all_at(buf, offset),
+        );
+        self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
+        result
     }
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
-        use std::os::unix::io::AsRawFd;
-        const IOV_MAX: usize = 1024;
-        let mut offset = offset;
-        let mut slices: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
-        let mut first = 0;
-        while first < slices.len() {
-            let batch = &slices[first..slices.len().min(first + IOV_MAX)];
-            let iov: Vec<libc::iovec> = batch
-                .iter()
-                .map(|b| libc::iovec {
-                    iov_base: b.as_ptr() as *mut libc::c_void,
-                    iov_len: b.len(),
-                })
-                .collect();
-            // SAFETY: every iovec points into a live borrowed slice of the stated length, and
-            // pwritev only reads from them.
-            let written = unsafe {
-                libc::pwritev(
-                    self.file.as_raw_fd(),
-                    iov.as_ptr(),
-                    iov.len() as i32,
-                    offset as i64,
-                )
-            };
-            if written < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+        if self.direct_file().is_some() {
+            // One aligned buffer for the run: one request, as pwritev would make.
+            let total: usize = bufs.iter().map(|b| b.len()).sum();
+            let mut joined = AlignedBuf::new(total);
+            let mut at = 0;
+            for buf in bufs {
+                joined.as_mut_slice()[at..at + buf.len()].copy_from_slice(buf);
+                at += buf.len();
             }
-            if written == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    "pwritev wrote nothing",
-                ));
-            }
-            // Skip what was written; a partial slice is shortened in place.
-            let mut left = written as usize;
-            offset += left as u64;
-            while left > 0 {
-                let len = slices[first].len();
-                if left >= len {
-                    left -= len;
-                    first += 1;
-                } else {
-                    slices[first] = &slices[first][left..];
-                    left = 0;
-                }
-            }
+            return self.write_at(joined.as_slice(), offset);
         }
-        Ok(())
+        pwritev_all(&self.file, bufs, offset)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -139,6 +415,61 @@ impl Device for FileDevice {
     }
 }
 
+fn pwritev_all(file: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    const IOV_MAX: usize = 1024;
+    let mut offset = offset;
+    let mut slices: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
+    let mut first = 0;
+    while first < slices.len() {
+        let batch = &slices[first..slices.len().min(first + IOV_MAX)];
+        let iov: Vec<libc::iovec> = batch
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: every iovec points into a live borrowed slice of the stated length, and
+        // pwritev only reads from them.
+        let written = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as i32,
+                offset as i64,
+            )
+        };
+        if written < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if written == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
+        }
+        // Skip what was written; a partial slice is shortened in place.
+        let mut left = written as usize;
+        offset += left as u64;
+        while left > 0 {
+            let len = slices[first].len();
+            if left >= len {
+                left -= len;
+                first += 1;
+            } else {
+                slices[first] = &slices[first][left..];
+                left = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +487,55 @@ mod tests {
         let mut back = vec![0u8; expected.len()];
         device.read_at(&mut back, 4096).unwrap();
         assert_eq!(back, expected);
+    }
+
+    /// Unaligned reads and writes through O_DIRECT land exactly where a plain file puts them.
+    #[test]
+    fn direct_io_matches_buffered_io_at_any_alignment() {
+        use rand::{Rng, SeedableRng};
+        // /var/tmp, not /tmp: tmpfs refuses O_DIRECT.
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let path = dir.path().join("image");
+        FileDevice::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let device = FileDevice::open_direct(&path, true).unwrap();
+        if device.io_mode() != IoMode::Direct {
+            eprintln!(
+                "skipped: the host refuses O_DIRECT here ({:?})",
+                device.io_mode()
+            );
+            return;
+        }
+        let mut model = vec![0u8; 1 << 20];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for round in 0..300 {
+            let len = rng.gen_range(1..20_000usize);
+            let offset = rng.gen_range(0..(1u64 << 20) - len as u64);
+            if round % 3 == 0 {
+                let bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                device.write_at(&bytes, offset).unwrap();
+                model[offset as usize..offset as usize + len].copy_from_slice(&bytes);
+            } else {
+                let mut back = vec![0u8; len];
+                device.read_at(&mut back, offset).unwrap();
+                assert_eq!(
+                    back,
+                    &model[offset as usize..offset as usize + len],
+                    "round {round}"
+                );
+            }
+        }
+        let pieces: Vec<Vec<u8>> = (0..5).map(|i| vec![i as u8 + 1; 4096 * (i + 1)]).collect();
+        let slices: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+        device.write_vectored_at(&slices, 8192).unwrap();
+        let joined = pieces.concat();
+        model[8192..8192 + joined.len()].copy_from_slice(&joined);
+        let mut all = vec![0u8; 1 << 20];
+        FileDevice::open(&path, false)
+            .unwrap()
+            .read_at(&mut all, 0)
+            .unwrap();
+        assert!(all == model, "the file differs from the model");
+        let mut past_end = vec![0u8; 100];
+        assert!(device.read_at(&mut past_end, (1 << 20) - 50).is_err());
     }
 }

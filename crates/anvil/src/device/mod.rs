@@ -11,7 +11,7 @@ mod memory;
 
 pub use crash::{CrashDevice, CrashMode};
 pub use fault::{Fault, FaultDevice};
-pub use file::FileDevice;
+pub use file::{FileDevice, IoMode};
 pub use log::{LogDevice, LogReader, LogRecord};
 pub use memory::MemDevice;
 

@@ -346,7 +346,7 @@ impl Filesystem {
 
     /// Opens an image file or block device by path.
     pub fn open_path(path: &Path, options: MountOptions) -> Result<Filesystem> {
-        let device = FileDevice::open(path, !options.read_only)?;
+        let device = FileDevice::open_direct(path, !options.read_only)?;
         Filesystem::open(Arc::new(device), options)
     }
 
