@@ -263,6 +263,10 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
         let rings = uring::ring_bytes(config.queue_depth);
         config.mount.cache_bytes = config.mount.cache_bytes.saturating_sub(rings).max(16 << 20);
     }
+    if config.idle_workers {
+        // Read-ahead must not take the CPU from workers that wait under SCHED_IDLE.
+        config.mount.background_thread_start = Some(|| anvil_fuse::set_idle_policy(true));
+    }
     let opened = if config.direct_io {
         FileDevice::open_direct(image, !config.mount.read_only)
     } else {

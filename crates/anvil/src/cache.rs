@@ -116,6 +116,10 @@ impl BlockCache {
         self.map.insert(Key::Extent(extent), Entry::Extent(bytes));
     }
 
+    pub fn remove_extent(&self, extent: &ExtentRef) {
+        self.map.remove(&Key::Extent(*extent));
+    }
+
     pub fn clear(&self) {
         self.map.clear();
     }

@@ -528,6 +528,44 @@ pub mod patch {
         out
     }
 
+    /// The payload of a patch with `bitmap` made of `src` written at `at` over an earlier
+    /// patch (`own`, its bitmap and payload), without the chunk: None if some page of
+    /// `bitmap` is neither wholly written by `src` nor held by `own`.
+    pub fn compose(
+        bitmap: u16,
+        chunk_len: usize,
+        at: usize,
+        src: &[u8],
+        own: Option<(u16, &[u8])>,
+    ) -> Option<Vec<u8>> {
+        let end = at + src.len();
+        let mut out = Vec::with_capacity(bitmap.count_ones() as usize * PAGE_BYTES as usize);
+        for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
+            let range = page_range(page, chunk_len)?;
+            if range.start >= at && range.end <= end {
+                out.extend_from_slice(&src[range.start - at..range.end - at]);
+                continue;
+            }
+            let (own_bitmap, own_payload) = own?;
+            if own_bitmap & (1 << page) == 0 {
+                return None;
+            }
+            // The page's place in the earlier payload: the lengths of its pages before it.
+            let mut from = 0;
+            for before in (0..page).filter(|p| own_bitmap & (1 << p) != 0) {
+                from += page_range(before, chunk_len)?.len();
+            }
+            let mut bytes = own_payload.get(from..from + range.len())?.to_vec();
+            let lo = range.start.max(at);
+            let hi = range.end.min(end);
+            if lo < hi {
+                bytes[lo - range.start..hi - range.start].copy_from_slice(&src[lo - at..hi - at]);
+            }
+            out.extend_from_slice(&bytes);
+        }
+        Some(out)
+    }
+
     /// The pages a byte range `[from, to)` of a chunk touches.
     pub fn pages_of(from: u64, to: u64) -> u16 {
         debug_assert!(from < to && to <= DATA_CHUNK_BYTES);
@@ -543,6 +581,55 @@ pub mod patch {
 
 #[cfg(test)]
 mod tests {
+    use super::patch;
+
+    /// `compose` gives what cutting the pages from the written chunk gives, whenever it
+    /// can answer without the chunk.
+    #[test]
+    fn patch_compose_matches_extract() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut answered = 0;
+        for _ in 0..2000 {
+            let chunk_len = if rng.gen_bool(0.5) {
+                65536
+            } else {
+                rng.gen_range(1..65536)
+            };
+            let chunk: Vec<u8> = (0..chunk_len).map(|_| rng.gen()).collect();
+            // An earlier patch written over the chunk, then a new write.
+            let mut current = chunk.clone();
+            let own = if rng.gen_bool(0.5) {
+                let at = rng.gen_range(0..chunk_len);
+                let end = rng.gen_range(at + 1..=chunk_len.min(at + 9000));
+                for b in &mut current[at..end] {
+                    *b = rng.gen();
+                }
+                let bits = patch::pages_of(at as u64, end as u64);
+                Some((bits, patch::extract(&current, bits)))
+            } else {
+                None
+            };
+            let (at, end) = if rng.gen_bool(0.5) {
+                // Whole pages (the common case the writer meets).
+                let at = rng.gen_range(0..chunk_len.div_ceil(4096)) * 4096;
+                (at, chunk_len.min(at + 4096 * rng.gen_range(1..4)))
+            } else {
+                let at = rng.gen_range(0..chunk_len);
+                (at, rng.gen_range(at + 1..=chunk_len.min(at + 12_000)))
+            };
+            let src: Vec<u8> = (0..end - at).map(|_| rng.gen()).collect();
+            current[at..end].copy_from_slice(&src);
+            let own_bits = own.as_ref().map_or(0, |o| o.0);
+            let bitmap = own_bits | patch::pages_of(at as u64, end as u64);
+            let own_ref = own.as_ref().map(|(b, p)| (*b, p.as_slice()));
+            if let Some(payload) = patch::compose(bitmap, chunk_len, at, &src, own_ref) {
+                answered += 1;
+                assert_eq!(payload, patch::extract(&current, bitmap));
+            }
+        }
+        assert!(answered > 200, "compose answered only {answered} times");
+    }
     use super::*;
 
     #[test]

@@ -139,11 +139,13 @@ pub(super) fn try_patch(
     let live = patches(tx, obj, index, index)?;
     // This group's own patch of the chunk, if any, is widened instead of adding another.
     let mut own = None;
+    let mut own_payload = None;
     let mut others = 0;
     let mut pages = 0;
-    for (key, _, _) in &live {
+    for (key, value, _) in &live {
         if tx.is_pending_active(&patch_lk(obj, *key)) {
             own = Some(*key);
+            own_payload = Some(tx.resolve(value)?);
         } else {
             others += 1;
             pages += patch::split(*key).1.count_ones();
@@ -154,12 +156,19 @@ pub(super) fn try_patch(
     if others + 1 > PATCHES_PER_CHUNK_MAX || pages + bitmap.count_ones() > PATCH_PAGES_MAX {
         return Ok(false);
     }
-    let Some(current) = chunk_bytes(tx, obj, index)? else {
-        return Ok(false);
+    // Whole pages need nothing of the chunk: only a page written in part is read first.
+    let own_pages = own_payload.as_deref().map(|p| (own_bitmap, p.as_slice()));
+    let payload = match patch::compose(bitmap, chunk_len, at, src, own_pages) {
+        Some(payload) => payload,
+        None => {
+            let Some(current) = chunk_bytes(tx, obj, index)? else {
+                return Ok(false);
+            };
+            let mut current = current.to_vec();
+            current[at..end].copy_from_slice(src);
+            patch::extract(&current, bitmap)
+        }
     };
-    let mut current = current.to_vec();
-    current[at..end].copy_from_slice(src);
-    let payload = patch::extract(&current, bitmap);
     let key = patch::key(index, bitmap);
     if let Some(old) = own.filter(|&old| old != key) {
         // The wider patch covers every page of the narrower one.

@@ -7,6 +7,7 @@
 mod asof;
 mod chunk;
 mod history;
+mod prefetch;
 mod prune;
 mod reblock;
 mod types;
@@ -47,6 +48,7 @@ pub struct Filesystem {
     open_handles: Mutex<HashMap<u64, u32>>,
     /// One prune at a time (its removals must be committed before the next scan).
     prune_lock: Mutex<()>,
+    prefetch: prefetch::Prefetcher,
 }
 
 fn fail<T>(errno: i32) -> Step<T> {
@@ -327,6 +329,7 @@ impl Filesystem {
             },
         )?;
         let fs = Filesystem {
+            prefetch: prefetch::Prefetcher::start(volume.clone(), options.background_thread_start),
             volume,
             committer: Mutex::new(None),
             open_handles: Mutex::new(HashMap::new()),
@@ -371,6 +374,7 @@ impl Filesystem {
 
     /// Commits and stops the background committer. The volume stays readable.
     pub fn close(&self) -> Result<()> {
+        self.prefetch.stop();
         self.volume.stop_committer();
         if let Some(handle) = self.committer.lock().take() {
             let _ = handle.join();
@@ -885,16 +889,25 @@ impl Filesystem {
             return Ok(Vec::new());
         }
         let mut out = vec![0u8; (end - offset) as usize];
-        // Every extent, of chunks and of patches, read in one pass (neighbours merged).
-        let extents: Vec<_> = chunks
-            .iter()
-            .chain(patches.iter())
-            .filter_map(|(_, value, _)| match value {
-                Value::Extent(extent) => Some(*extent),
-                Value::Bytes(_) => None,
-            })
-            .collect();
-        let mut loaded = self.volume.read_extents(&extents).into_iter();
+        // Every extent, of chunks and of patches, read in one pass (neighbours merged). A
+        // chunk this read covers whole goes to the kernel's page cache whole: the engine's
+        // cache keeps no second copy of it.
+        let mut extents = Vec::new();
+        let mut covered = Vec::new();
+        let tagged = chunks.iter().map(|c| (c, true));
+        for ((key, value, _), is_chunk) in tagged.chain(patches.iter().map(|p| (p, false))) {
+            if let Value::Extent(extent) = value {
+                let chunk_start = key.saturating_sub(DATA_CHUNK_BYTES);
+                let chunk_end = chunk_start + u64::from(extent.logical_bytes);
+                covered.push(is_chunk && offset <= chunk_start && chunk_end.min(end) == chunk_end);
+                extents.push(*extent);
+            }
+        }
+        let keep = |i: usize| !covered[i];
+        let mut loaded = self
+            .volume
+            .read_extents_keeping(&extents, &keep)
+            .into_iter();
         let mut resolve = |value: &Value, chunk_start: u64, create_tid: u64| match value {
             Value::Bytes(bytes) => Ok(bytes.clone()),
             Value::Extent(_) => {
@@ -939,6 +952,8 @@ impl Filesystem {
             }
         }
         drop(root);
+        self.prefetch
+            .note_read(ino, offset, out.len() as u64, file_size);
         Ok(out)
     }
 

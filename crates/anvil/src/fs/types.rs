@@ -137,6 +137,9 @@ pub struct MountOptions {
     pub read_only: bool,
     /// Background commit interval.
     pub commit_interval_ms: u64,
+    /// Run first by the engine's opportunistic background threads (read-ahead), for
+    /// example to give them the daemon's workers' scheduling policy. Not the committer.
+    pub background_thread_start: Option<fn()>,
 }
 
 impl Default for MountOptions {
@@ -146,6 +149,7 @@ impl Default for MountOptions {
             nohistory: false,
             read_only: false,
             commit_interval_ms: 5000,
+            background_thread_start: None,
         }
     }
 }

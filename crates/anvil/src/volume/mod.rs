@@ -528,11 +528,29 @@ impl Volume {
 
     /// Reads and verifies several extents, from the cache where it holds them, merging
     /// neighbours on the device into single reads (extents written together lie side by
-    /// side). Results are in input order.
+    /// side), and keeps them in the cache. Results are in input order.
     pub fn read_extents(&self, extents: &[ExtentRef]) -> Vec<Result<Arc<Vec<u8>>>> {
+        self.read_extents_keeping(extents, &|_| true)
+    }
+
+    /// `read_extents`, keeping in the cache only the extents `keep` names (by index): the
+    /// others are handed over whole to a reader that caches them itself (the kernel's page
+    /// cache holds a chunk a read covered entirely), and a cached copy is dropped.
+    pub fn read_extents_keeping(
+        &self,
+        extents: &[ExtentRef],
+        keep: &dyn Fn(usize) -> bool,
+    ) -> Vec<Result<Arc<Vec<u8>>>> {
         let mut out: Vec<Option<Result<Arc<Vec<u8>>>>> = extents
             .iter()
-            .map(|extent| self.cache.extent(extent).map(Ok))
+            .enumerate()
+            .map(|(i, extent)| {
+                let found = self.cache.extent(extent)?;
+                if !keep(i) {
+                    self.cache.remove_extent(extent);
+                }
+                Some(Ok(found))
+            })
             .collect();
         let mut order: Vec<usize> = (0..extents.len()).filter(|&i| out[i].is_none()).collect();
         order.sort_by_key(|&i| extents[i].offset);
@@ -572,7 +590,9 @@ impl Volume {
                         let stored = &buffer[at..at + extent.stored_bytes as usize];
                         decode_extent(extent, stored).map(|bytes| {
                             let bytes = Arc::new(bytes);
-                            self.cache.insert_extent(*extent, bytes.clone());
+                            if keep(index) {
+                                self.cache.insert_extent(*extent, bytes.clone());
+                            }
                             bytes
                         })
                     }

@@ -1,0 +1,152 @@
+//! Read-ahead of files read in sequence.
+//!
+//! With O_DIRECT on the device nothing below the engine reads ahead, so a file read front to
+//! back would wait for the device on every request. `Filesystem::read` reports each read
+//! here; when a file's reads move forward, a background thread reads, verifies and decodes
+//! the extents ahead of the reader into the engine's cache (up to 4 MiB ahead), overlapping
+//! device I/O with the transport. Random reads (anything that jumps back or far ahead)
+//! start nothing.
+
+use super::chunk;
+use crate::format::record::{rtype, Inode, LogicalKey, DATA_CHUNK_BYTES};
+use crate::volume::{Value, Volume};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Reads this far ahead of a sequential reader at most, and at least this far.
+const AHEAD_BYTES_MAX: u64 = 4 << 20;
+const AHEAD_BYTES_MIN: u64 = 256 << 10;
+/// A read counts as sequential if it starts within this distance after the previous end
+/// (the kernel's read-ahead requests can arrive slightly out of order).
+const SLACK_BYTES: u64 = 1 << 20;
+/// Files followed at once; more forget them all.
+const STREAMS_MAX: usize = 1024;
+
+struct Stream {
+    /// End of the last read.
+    next: u64,
+    /// Where read-ahead has been asked up to.
+    ahead: u64,
+}
+
+pub(super) struct Prefetcher {
+    sender: Mutex<Option<SyncSender<(u64, u64, u64)>>>,
+    streams: Mutex<HashMap<u64, Stream>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Prefetcher {
+    pub fn start(volume: Arc<Volume>, thread_start: Option<fn()>) -> Prefetcher {
+        let (sender, receiver) = sync_channel::<(u64, u64, u64)>(64);
+        let thread = std::thread::Builder::new()
+            .name("anvil-prefetch".into())
+            .spawn(move || {
+                if let Some(start) = thread_start {
+                    start();
+                }
+                while let Ok((ino, offset, len)) = receiver.recv() {
+                    if let Err(e) = prefetch(&volume, ino, offset, len) {
+                        log::debug!("read-ahead of object {ino} at {offset} stopped: {e}");
+                    }
+                }
+            })
+            .ok();
+        Prefetcher {
+            sender: Mutex::new(thread.as_ref().map(|_| sender)),
+            streams: Mutex::new(HashMap::new()),
+            thread: Mutex::new(thread),
+        }
+    }
+
+    /// Notes a read of `[offset, offset + len)` of `ino` (a file of `size` bytes) and asks
+    /// for read-ahead if the file is being read in sequence.
+    pub fn note_read(&self, ino: u64, offset: u64, len: u64, size: u64) {
+        let request = {
+            let mut streams = self.streams.lock();
+            if streams.len() >= STREAMS_MAX && !streams.contains_key(&ino) {
+                streams.clear();
+            }
+            let stream = streams.entry(ino).or_insert(Stream {
+                next: u64::MAX,
+                ahead: 0,
+            });
+            let sequential = offset >= stream.next.saturating_sub(len)
+                && offset <= stream.next.saturating_add(SLACK_BYTES);
+            stream.next = stream.next.max(offset + len);
+            if !sequential {
+                stream.next = offset + len;
+                stream.ahead = 0;
+                return;
+            }
+            let window = (4 * len).clamp(AHEAD_BYTES_MIN, AHEAD_BYTES_MAX);
+            let want = stream.next.saturating_add(window).min(size);
+            let from = stream.ahead.max(stream.next);
+            // Ask again once the reader has used half of what was read ahead.
+            if want <= from || stream.ahead > stream.next + window / 2 {
+                return;
+            }
+            stream.ahead = want;
+            (ino, from, want - from)
+        };
+        if let Some(sender) = self.sender.lock().as_ref() {
+            let _ = sender.try_send(request); // a busy prefetcher skips, never blocks a read
+        }
+    }
+
+    pub fn stop(&self) {
+        self.sender.lock().take();
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Reads the extents of `[offset, offset + len)` of `ino` into the cache.
+fn prefetch(volume: &Volume, ino: u64, offset: u64, len: u64) -> crate::Result<()> {
+    let (extents, _root) = volume.run(false, |tx| {
+        let Some(bytes) = tx.get_bytes(LogicalKey {
+            obj: ino,
+            rtype: rtype::INODE,
+            key: 0,
+        })?
+        else {
+            return Ok((Vec::new(), tx.root()));
+        };
+        let inode = Inode::decode(&bytes)?;
+        let end = inode.size.min(offset.saturating_add(len));
+        if offset >= end {
+            return Ok((Vec::new(), tx.root()));
+        }
+        let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
+        let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
+        let mut found = tx.range_versions(ino, rtype::DATA, lo, hi, usize::MAX)?;
+        found.extend(chunk::patches(
+            tx,
+            ino,
+            lo / DATA_CHUNK_BYTES - 1,
+            hi / DATA_CHUNK_BYTES - 1,
+        )?);
+        let extents: Vec<_> = found
+            .into_iter()
+            .filter_map(|(_, value, _)| match value {
+                Value::Extent(extent) => Some(extent),
+                Value::Bytes(_) => None,
+            })
+            .collect();
+        // The root keeps the extents from being freed while they are read.
+        Ok((extents, tx.root()))
+    })?;
+    for result in volume.read_extents(&extents) {
+        result?;
+    }
+    Ok(())
+}
