@@ -22,6 +22,11 @@ fn snapshots_history_and_as_of_resolution() {
     let first = fs.snapshot("first").unwrap();
     assert!(fs.snapshot("first").is_err(), "labels are unique");
     assert!(fs.snapshot("a/b").is_err());
+    assert!(
+        fs.snapshot("a\tb").is_err(),
+        "control characters are refused"
+    );
+    assert!(fs.snapshot("tab\u{7f}").is_err());
     fs.write_file("/f", b"version two, longer").unwrap();
     let second = fs.sync().unwrap();
     fs.remove_path("/f").unwrap();

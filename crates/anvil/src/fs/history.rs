@@ -52,10 +52,16 @@ impl Filesystem {
     /// Commits, then records the committed TID as a snapshot. Returns its TID.
     pub fn snapshot(&self, label: &str) -> Result<u64> {
         let label = label.trim();
-        if label.len() > SNAPSHOT_LABEL_BYTES_MAX || label.contains('/') || label.starts_with('.') {
+        // A label names a directory under .snapshots and is printed by every listing:
+        // no '/', no control characters, not hidden.
+        if label.len() > SNAPSHOT_LABEL_BYTES_MAX
+            || label.contains('/')
+            || label.starts_with('.')
+            || label.chars().any(char::is_control)
+        {
             return Err(Error::Invalid(format!(
-                "snapshot label {label:?}: at most {SNAPSHOT_LABEL_BYTES_MAX} bytes, no '/', \
-                 not starting with '.'"
+                "snapshot label {label:?}: at most {SNAPSHOT_LABEL_BYTES_MAX} bytes, no '/' \
+                 or control characters, not starting with '.'"
             )));
         }
         if !label.is_empty() && self.snapshots()?.iter().any(|s| s.label == label) {
