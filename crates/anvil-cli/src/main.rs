@@ -579,6 +579,7 @@ fn check(image: &Path, json: bool) -> Result<u8, String> {
             "elements": report.elements,
             "live_elements": report.live_elements,
             "history_elements": report.history_elements,
+            "underfull_nodes": report.underfull_nodes,
             "extents": report.extents,
             "objects": report.objects,
         });
@@ -586,9 +587,11 @@ fn check(image: &Path, json: bool) -> Result<u8, String> {
     } else {
         if report.is_clean() {
             println!(
-                "clean: {} objects, {} nodes, {} elements ({} history), {} extents verified",
+                "clean: {} objects, {} nodes ({} under a third full), {} elements ({} history), \
+                 {} extents verified",
                 report.objects,
                 report.nodes,
+                report.underfull_nodes,
                 report.elements,
                 report.history_elements,
                 report.extents

@@ -100,14 +100,20 @@ fn diff(got: &Model, want: &Model) -> Option<String> {
     (!differences.is_empty()).then(|| differences.join("; "))
 }
 
-fn open(device: &Arc<MemDevice>) -> Arc<Volume> {
-    Volume::open(device.clone() as Arc<dyn Device>, VolumeOptions::default()).unwrap()
+fn open(device: &Arc<MemDevice>, nohistory: bool) -> Arc<Volume> {
+    let options = VolumeOptions {
+        nohistory,
+        ..VolumeOptions::default()
+    };
+    Volume::open(device.clone() as Arc<dyn Device>, options).unwrap()
 }
 
-fn run_ops(ops: Vec<Op>) {
+/// Runs `ops` against a volume and the model. Without history, deletes remove elements, so
+/// nodes shrink and merge; as-of views of old TIDs are then not kept and not compared.
+fn run_ops(ops: Vec<Op>, nohistory: bool) {
     let device = Arc::new(MemDevice::new(0));
     Volume::format(&*device, 64 << 20, "model").unwrap();
-    let mut volume = open(&device);
+    let mut volume = open(&device, nohistory);
     let mut model = Model::new();
     let mut history: Vec<(u64, Model)> = Vec::new();
     for (index, op) in ops.into_iter().enumerate() {
@@ -141,7 +147,7 @@ fn run_ops(ops: Vec<Op>) {
                 // Whatever was logged or committed survives; the rest is lost.
                 volume.sync_log().unwrap();
                 drop(volume);
-                volume = open(&device);
+                volume = open(&device, nohistory);
                 let tid = volume.committed_tid();
                 if history.last().is_none_or(|(t, _)| *t != tid) {
                     history.push((tid, model.clone()));
@@ -152,13 +158,19 @@ fn run_ops(ops: Vec<Op>) {
             panic!("live view after step {index} ({op_text}): {d}");
         }
     }
+    if nohistory {
+        history.clear();
+    }
     for (tid, expected) in &history {
         if let Some(d) = diff(&view_at(&volume, *tid), expected) {
             panic!("as-of view at TID {tid}: {d}");
         }
     }
+    volume.commit().unwrap();
     let report = anvil::check::check(&volume).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
+    // Every node a commit writes is at least a third full or merged with a neighbour.
+    assert_eq!(report.underfull_nodes, 0, "{report:?}");
 }
 
 proptest! {
@@ -169,7 +181,14 @@ proptest! {
     })]
     #[test]
     fn tree_matches_model(ops in prop::collection::vec(op(), 1..1500)) {
-        run_ops(ops);
+        run_ops(ops, false);
+    }
+
+    #[test]
+    fn tree_without_history_matches_model_and_stays_packed(
+        ops in prop::collection::vec(op(), 1..1500)
+    ) {
+        run_ops(ops, true);
     }
 }
 
@@ -196,7 +215,34 @@ fn deep_tree_with_many_versions() {
         ops.push(Op::Commit);
     }
     ops.push(Op::Reopen);
-    run_ops(ops);
+    run_ops(ops, false);
+}
+
+#[test]
+fn deep_tree_emptied_without_history_merges_at_every_level() {
+    // A three-level tree loses 19 keys in 20 in two commits: leaves and internal nodes
+    // shrink far under the merge threshold and must be merged, not kept nearly empty.
+    let mut ops = Vec::new();
+    for key in 0..6000u64 {
+        ops.push(Op::Put {
+            obj: 1 + key % 3,
+            key,
+            len: 600,
+            fill: key as u8,
+        });
+    }
+    ops.push(Op::Commit);
+    for half in 0..2u64 {
+        for key in (0..6000u64).filter(|k| k % 20 != 0 && k % 2 == half) {
+            ops.push(Op::Delete {
+                obj: 1 + key % 3,
+                key,
+            });
+        }
+        ops.push(Op::Commit);
+    }
+    ops.push(Op::Reopen);
+    run_ops(ops, true);
 }
 
 #[test]
@@ -207,16 +253,19 @@ fn regression_log_replay_then_overwrite() {
         len,
         fill: 1,
     };
-    run_ops(vec![
-        put(2, 6),
-        put(0, 7),
-        Op::Commit,
-        put(1, 26),
-        Op::Delete { obj: 1, key: 0 },
-        put(3, 41),
-        Op::Commit,
-        put(3, 2),
-        Op::Reopen,
-        put(1, 35),
-    ]);
+    run_ops(
+        vec![
+            put(2, 6),
+            put(0, 7),
+            Op::Commit,
+            put(1, 26),
+            Op::Delete { obj: 1, key: 0 },
+            put(3, 41),
+            Op::Commit,
+            put(3, 2),
+            Op::Reopen,
+            put(1, 35),
+        ],
+        false,
+    );
 }

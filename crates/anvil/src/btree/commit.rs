@@ -2,8 +2,10 @@
 //!
 //! Every node on a changed path is rewritten at a newly allocated address; the old addresses
 //! are collected in `freed` and returned to the allocator by the caller once the new root is
-//! durable and unreferenced. Nodes are split evenly when they overflow and dropped when they
-//! become empty, so all leaves stay at the same depth.
+//! durable and unreferenced. Nodes are split evenly when they overflow, dropped when they
+//! become empty, and merged with a neighbour when a commit leaves them less than a third
+//! full, so all leaves stay at the same depth and space held by deleted elements comes back
+//! as whole nodes (see `rebalance`).
 
 use super::{child_index, Loader, NodeSource, Root};
 use crate::error::{Error, Result};
@@ -11,7 +13,22 @@ use crate::format::node::{Node, CHILD_ENTRY_BYTES, LEVEL_MAX, NODE_PAYLOAD_BYTES
 use crate::format::record::{Element, Key, Payload};
 use crate::format::NODE_BYTES;
 use crate::space::{Purpose, Space};
+use std::collections::HashMap;
 use std::sync::Arc;
+
+/// A node rewritten by a commit with less payload than this is merged with a neighbour.
+/// Two merged nodes hold at most 4/3 of a node, so a merge that overflows splits into two
+/// nodes at least half full: merging never cascades into splits that merge again.
+pub const MERGE_BELOW_BYTES: usize = NODE_PAYLOAD_BYTES / 3;
+
+/// A child in a node being rebuilt: its first key, address, and its payload bytes when this
+/// commit wrote it (`None` for an untouched child, which is not read just to be measured).
+#[derive(Clone, Copy, Debug)]
+struct Child {
+    first: Key,
+    address: u64,
+    fill: Option<usize>,
+}
 
 /// One change to the tree.
 #[derive(Clone, Debug)]
@@ -44,20 +61,57 @@ pub struct CommitContext<'a> {
     pub freed: Vec<(u64, u64)>,
     /// Node blocks to write, by address.
     pub writes: Vec<(u64, Vec<u8>)>,
+    /// Nodes this commit built, by address: they are not on the device until `write_out`,
+    /// and the bounded cache may already have dropped them.
+    fresh: HashMap<u64, Arc<Node>>,
+}
+
+impl<'a> CommitContext<'a> {
+    pub fn new(loader: Loader<'a>, space: &'a Space, tid: u64) -> CommitContext<'a> {
+        CommitContext {
+            loader,
+            space,
+            tid,
+            freed: Vec::new(),
+            writes: Vec::new(),
+            fresh: HashMap::new(),
+        }
+    }
 }
 
 impl CommitContext<'_> {
     fn fetch(&self, address: u64, level: u8) -> Result<Arc<Node>> {
+        if let Some(node) = self.fresh.get(&address) {
+            debug_assert_eq!(node.level(), level);
+            return Ok(node.clone());
+        }
         super::loaded(self.loader.node(address, level))
     }
 
-    fn write_node(&mut self, node: Node) -> Result<(Key, u64)> {
+    fn write_node(&mut self, node: Node) -> Result<Child> {
         let first = node.first_key().expect("written nodes are never empty");
+        let fill = node.payload_bytes();
         let address = self.space.allocate(NODE_BYTES as u64, Purpose::Metadata)?;
         let bytes = node.encode(self.loader.volume_id, self.tid, address);
         self.writes.push((address, bytes));
-        self.loader.cache.insert_node(address, Arc::new(node));
-        Ok((first, address))
+        let node = Arc::new(node);
+        self.fresh.insert(address, node.clone());
+        self.loader.cache.insert_node(address, node);
+        Ok(Child {
+            first,
+            address,
+            fill: Some(fill),
+        })
+    }
+
+    /// Takes a child out of the tree being built: a node written by this commit is dropped
+    /// before it reaches the device, an older one is freed with the old root.
+    fn discard(&mut self, child: &Child) {
+        if self.fresh.remove(&child.address).is_some() {
+            self.writes.retain(|(address, _)| *address != child.address);
+        }
+        self.freed.push((child.address, NODE_BYTES as u64));
+        self.loader.cache.remove_node(child.address);
     }
 
     /// Writes all pending node blocks, merging adjacent ones into single device writes.
@@ -103,9 +157,10 @@ pub fn apply(ctx: &mut CommitContext<'_>, root: Root, mutations: &[Mutation]) ->
             return Err(Error::corrupt("tree too deep", "commit"));
         }
         level += 1;
-        nodes = build_internal(ctx, level, nodes)?;
+        let entries = nodes.iter().map(|c| (c.first, c.address)).collect();
+        nodes = build_internal(ctx, level, entries)?;
     }
-    let (_, mut address) = nodes[0];
+    let mut address = nodes[0].address;
     // A root with a single child is redundant: descend.
     while level > 0 {
         let node = ctx.fetch(address, level)?;
@@ -127,14 +182,19 @@ fn apply_node(
     address: u64,
     level: u8,
     mutations: &[Mutation],
-) -> Result<Vec<(Key, u64)>> {
+) -> Result<Vec<Child>> {
     let node = ctx.fetch(address, level)?;
     ctx.freed.push((address, NODE_BYTES as u64));
     ctx.loader.cache.remove_node(address);
     match &*node {
         Node::Leaf(elements) => apply_leaf(ctx, elements.clone(), mutations),
         Node::Internal { children, .. } => {
-            let mut new_children: Vec<(Key, u64)> = Vec::with_capacity(children.len() + 4);
+            let untouched = |(first, address): &(Key, u64)| Child {
+                first: *first,
+                address: *address,
+                fill: None,
+            };
+            let mut new_children: Vec<Child> = Vec::with_capacity(children.len() + 4);
             let mut rest = mutations;
             let mut index = 0;
             while index < children.len() {
@@ -147,7 +207,7 @@ fn apply_node(
                 let (mine, others) = rest.split_at(take);
                 rest = others;
                 if mine.is_empty() {
-                    new_children.push(children[index]);
+                    new_children.push(untouched(&children[index]));
                 } else {
                     new_children.extend(apply_node(ctx, children[index].1, level - 1, mine)?);
                 }
@@ -155,18 +215,20 @@ fn apply_node(
                 // Skip straight to the child holding the next mutation.
                 if let Some(next) = rest.first() {
                     let jump = child_index(children, &next.key()).max(index);
-                    new_children.extend_from_slice(&children[index..jump]);
+                    new_children.extend(children[index..jump].iter().map(untouched));
                     index = jump;
                 } else {
-                    new_children.extend_from_slice(&children[index..]);
+                    new_children.extend(children[index..].iter().map(untouched));
                     break;
                 }
             }
-            debug_assert!(new_children.windows(2).all(|w| w[0].0 < w[1].0));
+            debug_assert!(new_children.windows(2).all(|w| w[0].first < w[1].first));
             if new_children.is_empty() {
                 return Ok(Vec::new());
             }
-            build_internal(ctx, level, new_children)
+            rebalance(ctx, level - 1, &mut new_children)?;
+            let entries = new_children.iter().map(|c| (c.first, c.address)).collect();
+            build_internal(ctx, level, entries)
         }
     }
 }
@@ -175,7 +237,7 @@ fn apply_leaf(
     ctx: &mut CommitContext<'_>,
     elements: Vec<Element>,
     mutations: &[Mutation],
-) -> Result<Vec<(Key, u64)>> {
+) -> Result<Vec<Child>> {
     let mut merged: Vec<Element> = Vec::with_capacity(elements.len() + mutations.len());
     let mut old = elements.into_iter().peekable();
     for mutation in mutations {
@@ -213,8 +275,12 @@ fn apply_leaf(
         }
     }
     merged.extend(old);
+    write_leaves(ctx, merged)
+}
+
+fn write_leaves(ctx: &mut CommitContext<'_>, elements: Vec<Element>) -> Result<Vec<Child>> {
     let mut out = Vec::new();
-    for group in split_even(merged, Element::encoded_bytes, NODE_PAYLOAD_BYTES) {
+    for group in split_even(elements, Element::encoded_bytes, NODE_PAYLOAD_BYTES) {
         out.push(ctx.write_node(Node::Leaf(group))?);
     }
     Ok(out)
@@ -224,7 +290,7 @@ fn build_internal(
     ctx: &mut CommitContext<'_>,
     level: u8,
     children: Vec<(Key, u64)>,
-) -> Result<Vec<(Key, u64)>> {
+) -> Result<Vec<Child>> {
     let mut out = Vec::new();
     for group in split_even(children, |_| CHILD_ENTRY_BYTES, NODE_PAYLOAD_BYTES) {
         out.push(ctx.write_node(Node::Internal {
@@ -233,6 +299,49 @@ fn build_internal(
         })?);
     }
     Ok(out)
+}
+
+/// Merges every child this commit left under `MERGE_BELOW_BYTES` with a neighbour (the left
+/// one where there is one), re-splitting the pair evenly if it does not fit one node. Only
+/// rewritten children are measured, so a commit reads at most one untouched neighbour per
+/// underfull node; nodes a commit never touches keep their fill.
+fn rebalance(ctx: &mut CommitContext<'_>, level: u8, children: &mut Vec<Child>) -> Result<()> {
+    let mut index = 0;
+    while index < children.len() && children.len() > 1 {
+        let underfull = children[index]
+            .fill
+            .is_some_and(|fill| fill < MERGE_BELOW_BYTES);
+        if !underfull {
+            index += 1;
+            continue;
+        }
+        let left = index.saturating_sub(1);
+        let (a, b) = (children[left], children[left + 1]);
+        let node_a = ctx.fetch(a.address, level)?;
+        let node_b = ctx.fetch(b.address, level)?;
+        ctx.discard(&a);
+        ctx.discard(&b);
+        let merged = match (&*node_a, &*node_b) {
+            (Node::Leaf(x), Node::Leaf(y)) => {
+                write_leaves(ctx, x.iter().chain(y.iter()).cloned().collect())?
+            }
+            (Node::Internal { children: x, .. }, Node::Internal { children: y, .. }) => {
+                build_internal(ctx, level, x.iter().chain(y.iter()).copied().collect())?
+            }
+            _ => {
+                return Err(Error::corrupt(
+                    "sibling nodes of different kinds",
+                    super::address_of(a.address),
+                ))
+            }
+        };
+        let count = merged.len();
+        children.splice(left..left + 2, merged);
+        // One merged node may still be underfull (two small neighbours): look at it again.
+        // Two nodes from a split are each at least half full: move past them.
+        index = if count == 1 { left } else { left + count };
+    }
+    Ok(())
 }
 
 /// Splits `items` into the fewest groups that fit `capacity`, of roughly equal size.

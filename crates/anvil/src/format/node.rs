@@ -40,6 +40,7 @@ impl Node {
         }
     }
 
+    /// Payload bytes as a commit counts them against `NODE_PAYLOAD_BYTES`.
     pub fn payload_bytes(&self) -> usize {
         match self {
             Node::Leaf(elements) => elements.iter().map(Element::encoded_bytes).sum(),

@@ -883,13 +883,7 @@ impl Volume {
         self.write_extents(&mut mutations, data)?;
         mutations.sort_by_key(Mutation::key);
 
-        let mut ctx = CommitContext {
-            loader: self.loader(),
-            space: &self.space,
-            tid,
-            freed: Vec::new(),
-            writes: Vec::new(),
-        };
+        let mut ctx = CommitContext::new(self.loader(), &self.space, tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         ctx.write_out()?;
         self.device.flush()?;
@@ -1108,13 +1102,7 @@ impl Volume {
         }
         mutations.sort_by_key(Mutation::key);
         let previous = self.state.lock().superblock.clone();
-        let mut ctx = CommitContext {
-            loader: self.loader(),
-            space: &self.space,
-            tid: previous.committed_tid,
-            freed: Vec::new(),
-            writes: Vec::new(),
-        };
+        let mut ctx = CommitContext::new(self.loader(), &self.space, previous.committed_tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         step.nodes_written = ctx.writes.len() as u64;
         ctx.write_out()?;
