@@ -4,16 +4,18 @@
 //! level, key order, separator bounds), every extent (bounds, checksum, decompression), no
 //! block referenced twice, at most one live version per logical key, visibility intervals
 //! well formed, every live directory entry pointing at a live inode, link counts matching
-//! the entries that name each object, and the redo log epoch. Nodes under the merge
+//! the entries that name each object, the redo log epoch, and that the space map the last
+//! commit wrote records exactly the blocks the tree leaves free. Nodes under the merge
 //! threshold are counted (`underfull_nodes`), not reported as problems.
 
 use crate::btree::Loader;
 use crate::error::{Error, Result};
 use crate::format::node::Node;
 use crate::format::record::{kind, rtype, Dirent, Element, Inode, LogicalKey, Payload, ROOT_OBJ};
+use crate::format::superblock::Superblock;
 use crate::format::NODE_BYTES;
 use crate::space::Space;
-use crate::volume::{decode_extent, extent_location, Volume};
+use crate::volume::{decode_extent, extent_location, read_space_map, Volume};
 use std::collections::HashMap;
 
 /// The result of a check: problems found, and what was looked at.
@@ -123,7 +125,59 @@ pub fn check(volume: &Volume) -> Result<Report> {
         }
     }
     check_namespace(volume, &live, &mut report);
+    if sb.root_address == root.root.address {
+        check_space_map(volume, &sb, &space, &mut report);
+    }
     Ok(report)
+}
+
+/// The space map the commit wrote must say exactly what the walk found: every block used
+/// by the tree, its extents or the map itself is used, every other block free; and the
+/// live object count must match.
+fn check_space_map(volume: &Volume, sb: &Superblock, walked: &Space, report: &mut Report) {
+    if sb.space_map_address == 0 {
+        return;
+    }
+    let location = format!("space map at byte {}", sb.space_map_address);
+    if let Err(e) = walked.mark_used(sb.space_map_address, sb.space_map_bytes) {
+        note(report, format!("{location} overlaps the tree: {e}"));
+        return;
+    }
+    let recorded = match read_space_map(volume.device(), sb) {
+        Ok(Some(ranges)) => ranges,
+        Ok(None) => return,
+        Err(e) => {
+            note(
+                report,
+                format!("{location}: {e} (mount will walk the tree)"),
+            );
+            return;
+        }
+    };
+    let actual = walked.free_ranges();
+    if recorded != actual {
+        let total = |ranges: &[(u64, u64)]| ranges.iter().map(|(_, l)| l).sum::<u64>();
+        note(
+            report,
+            format!(
+                "{location} disagrees with the tree: it records {} free bytes in {} ranges, \
+                 the tree leaves {} free bytes in {} ranges",
+                total(&recorded),
+                recorded.len(),
+                total(&actual),
+                actual.len()
+            ),
+        );
+    }
+    if sb.live_objects != report.objects {
+        note(
+            report,
+            format!(
+                "superblock counts {} live objects, the tree holds {}",
+                sb.live_objects, report.objects
+            ),
+        );
+    }
 }
 
 fn check_element(

@@ -1,10 +1,12 @@
 //! Space allocation for the data area (tree nodes and data extents).
 //!
-//! The free map lives in memory as coalesced byte ranges. It is rebuilt at mount by walking
-//! the tree (every node and every extent referenced by any element, history included), so it
-//! can never leak or double-allocate across a crash. Space freed by a commit is handed back
-//! only after that commit is durable and no reader still holds the old root (see
-//! `volume::RootRef`).
+//! The free map lives in memory as coalesced byte ranges. Each commit writes it out as of that
+//! commit (`format::spacemap`), and mount reads it back; a volume without one (written before
+//! it existed, or whose map fails its checks) is mapped by walking the tree instead (every
+//! node and every extent referenced by any element, history included). Space freed by a
+//! commit is handed back only after that commit is durable and no reader still holds the old
+//! root (see `volume::RootRef`); until then it is `deferred`, and counts as free in the map
+//! a commit writes, since after a restart no such reader exists.
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_BYTES;
@@ -24,6 +26,8 @@ struct Inner {
     free_bytes: u64,
     /// Next-fit cursor: consecutive allocations land side by side.
     cursor: u64,
+    /// Freed by a durable commit, waiting for readers of an older root: start -> length.
+    deferred: BTreeMap<u64, u64>,
 }
 
 /// Who is asking: ordinary writes stop at the reserve, commits and maintenance may use it.
@@ -44,6 +48,7 @@ impl Space {
                 free,
                 free_bytes: data_bytes,
                 cursor: data_offset,
+                deferred: BTreeMap::new(),
             }),
             data_offset,
             volume_bytes,
@@ -51,6 +56,98 @@ impl Space {
                 .clamp(BLOCK_BYTES * 64, 256 << 20)
                 .min(data_bytes / 4),
         }
+    }
+
+    /// A space map with exactly `free` free, as read from a commit's map. Ranges must be
+    /// sorted, disjoint, block aligned and inside the data area.
+    pub fn with_free_ranges(
+        data_offset: u64,
+        volume_bytes: u64,
+        free: &[(u64, u64)],
+    ) -> Result<Space> {
+        let space = Space::new(data_offset, volume_bytes);
+        {
+            let mut inner = space.inner.lock();
+            inner.free.clear();
+            inner.free_bytes = 0;
+            let mut end = data_offset;
+            for &(start, bytes) in free {
+                if start < end
+                    || bytes == 0
+                    || start % BLOCK_BYTES != 0
+                    || bytes % BLOCK_BYTES != 0
+                    || start + bytes > volume_bytes
+                {
+                    return Err(Error::corrupt(
+                        "free range out of order or outside the data area",
+                        format!("bytes {start}..{}", start + bytes),
+                    ));
+                }
+                inner.free.insert(start, bytes);
+                inner.free_bytes += bytes;
+                end = start + bytes;
+            }
+        }
+        Ok(space)
+    }
+
+    /// The free ranges, in order.
+    pub fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let inner = self.inner.lock();
+        inner.free.iter().map(|(s, l)| (*s, *l)).collect()
+    }
+
+    /// The free map as a restart would find it once `also_free` (space the commit being
+    /// written frees) is freed: free ranges, deferred ranges and `also_free`, coalesced. Fails
+    /// if any of them overlap, which would be a double free: better a failed commit than a
+    /// map that hands out space twice.
+    pub fn persisted_free(&self, also_free: &[(u64, u64)]) -> Result<Vec<(u64, u64)>> {
+        let inner = self.inner.lock();
+        let mut all: Vec<(u64, u64)> = inner
+            .free
+            .iter()
+            .chain(inner.deferred.iter())
+            .map(|(s, l)| (*s, *l))
+            .collect();
+        drop(inner);
+        all.extend(
+            also_free
+                .iter()
+                .map(|&(s, l)| (s, l.div_ceil(BLOCK_BYTES) * BLOCK_BYTES)),
+        );
+        all.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+        for (start, bytes) in all {
+            match out.last_mut() {
+                Some((s, l)) if *s + *l > start => {
+                    return Err(Error::corrupt(
+                        "space freed twice",
+                        format!("bytes {start}..{}", start + bytes),
+                    ))
+                }
+                Some((s, l)) if *s + *l == start => *l += bytes,
+                _ => out.push((start, bytes)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records ranges a durable commit freed while readers may still use them.
+    pub fn defer(&self, ranges: &[(u64, u64)]) {
+        let mut inner = self.inner.lock();
+        for &(start, bytes) in ranges {
+            let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+            let previous = inner.deferred.insert(start, bytes);
+            debug_assert!(previous.is_none(), "deferred twice at {start}");
+        }
+    }
+
+    /// Returns a deferred range to the free map once its last reader is gone.
+    pub fn release_deferred(&self, start: u64, bytes: u64) {
+        // One lock for both steps: a map written in between must see the range somewhere.
+        let mut inner = self.inner.lock();
+        inner.deferred.remove(&start);
+        self.free_locked(&mut inner, start, bytes);
     }
 
     pub fn data_offset(&self) -> u64 {
@@ -153,8 +250,12 @@ impl Space {
 
     /// Returns a range to the free map, coalescing with neighbours.
     pub fn release(&self, start: u64, bytes: u64) {
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         let mut inner = self.inner.lock();
+        self.free_locked(&mut inner, start, bytes);
+    }
+
+    fn free_locked(&self, inner: &mut Inner, start: u64, bytes: u64) {
+        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         debug_assert!(start >= self.data_offset && start + bytes <= self.volume_bytes);
         let mut new_start = start;
         let mut new_len = bytes;

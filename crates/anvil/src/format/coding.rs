@@ -29,6 +29,14 @@ impl Writer {
     pub fn i64(&mut self, v: i64) {
         self.bytes.extend_from_slice(&v.to_le_bytes());
     }
+    /// LEB128: seven bits per byte, low bits first.
+    pub fn uvarint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.bytes.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.bytes.push(v as u8);
+    }
     pub fn raw(&mut self, v: &[u8]) {
         self.bytes.extend_from_slice(v);
     }
@@ -88,6 +96,24 @@ impl<'a> Reader<'a> {
     }
     pub fn i64(&mut self) -> Result<i64> {
         Ok(i64::from_le_bytes(self.array()?))
+    }
+    pub fn uvarint(&mut self) -> Result<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.u8()?;
+            let bits = u64::from(byte & 0x7f);
+            if shift == 63 && bits > 1 {
+                break;
+            }
+            value |= bits << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(Error::corrupt(
+            format!("{}: varint longer than 64 bits", self.what),
+            format!("byte {}", self.position),
+        ))
     }
     pub fn remaining(&self) -> usize {
         self.bytes.len() - self.position

@@ -6,6 +6,7 @@ pub mod coding;
 pub mod log;
 pub mod node;
 pub mod record;
+pub mod spacemap;
 pub mod superblock;
 
 use crate::checksum::checksum;
@@ -36,6 +37,7 @@ pub enum BlockType {
     Leaf = 2,
     Internal = 3,
     Log = 4,
+    SpaceMap = 5,
 }
 
 impl BlockType {
@@ -45,6 +47,7 @@ impl BlockType {
             2 => Some(BlockType::Leaf),
             3 => Some(BlockType::Internal),
             4 => Some(BlockType::Log),
+            5 => Some(BlockType::SpaceMap),
             _ => None,
         }
     }

@@ -36,6 +36,12 @@ pub struct Superblock {
     /// Start of the allocatable data area.
     pub data_offset: u64,
     pub label: [u8; LABEL_BYTES],
+    /// Where the free-space map as of this commit is (`format::spacemap`), 0 if none was
+    /// written (volumes from before it existed): mount then walks the tree instead.
+    pub space_map_address: u64,
+    pub space_map_bytes: u64,
+    /// Live inodes in the committed tree (meaningful only with a space map).
+    pub live_objects: u64,
 }
 
 impl Superblock {
@@ -56,6 +62,9 @@ impl Superblock {
         w.u64(self.used_bytes);
         w.u64(self.data_offset);
         w.raw(&self.label);
+        w.u64(self.space_map_address);
+        w.u64(self.space_map_bytes);
+        w.u64(self.live_objects);
         let header = BlockHeader {
             version: FORMAT_VERSION,
             block_type: BlockType::Superblock,
@@ -102,8 +111,17 @@ impl Superblock {
             used_bytes: r.u64()?,
             data_offset: r.u64()?,
             label: [0; LABEL_BYTES],
+            space_map_address: 0,
+            space_map_bytes: 0,
+            live_objects: 0,
         };
         sb.label.copy_from_slice(r.take(LABEL_BYTES)?);
+        // Superblocks written before the space map existed end here.
+        if r.remaining() > 0 {
+            sb.space_map_address = r.u64()?;
+            sb.space_map_bytes = r.u64()?;
+            sb.live_objects = r.u64()?;
+        }
         sb.validate(address)?;
         Ok(sb)
     }
@@ -139,6 +157,16 @@ impl Superblock {
         if self.used_bytes > self.volume_bytes {
             return fail("used bytes exceed volume size");
         }
+        let map_end = self.space_map_address.checked_add(self.space_map_bytes);
+        let map_ok = (self.space_map_address == 0 && self.space_map_bytes == 0)
+            || (self.space_map_address >= self.data_offset
+                && self.space_map_address % BLOCK_BYTES == 0
+                && self.space_map_bytes > 0
+                && self.space_map_bytes % BLOCK_BYTES == 0
+                && map_end.is_some_and(|end| end <= self.volume_bytes));
+        if !map_ok {
+            return fail("space map pointer out of range");
+        }
         Ok(())
     }
 }
@@ -167,7 +195,33 @@ mod tests {
             used_bytes: 0,
             data_offset: super::super::LOG_OFFSET + (1 << 20),
             label: [0; LABEL_BYTES],
+            space_map_address: super::super::LOG_OFFSET + (2 << 20),
+            space_map_bytes: 8192,
+            live_objects: 4,
         }
+    }
+
+    #[test]
+    fn reads_superblocks_without_a_space_map() {
+        let mut sb = sample();
+        sb.space_map_address = 0;
+        sb.space_map_bytes = 0;
+        sb.live_objects = 0;
+        let mut bytes = sb.encode();
+        // Rewrite the block as an older build wrote it: payload ends after the label.
+        let (mut header, payload) = super::super::open_block(
+            &bytes,
+            &super::super::Expect {
+                block_type: BlockType::Superblock,
+                volume_id: None,
+                address: sb.address(),
+            },
+        )
+        .unwrap();
+        let short = payload[..payload.len() - 24].to_vec();
+        header.payload_bytes = short.len() as u32;
+        bytes = seal_block(&header, &short, BLOCK_BYTES as usize);
+        assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
     }
 
     #[test]

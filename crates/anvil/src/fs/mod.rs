@@ -326,6 +326,7 @@ impl Filesystem {
                 cache_bytes: options.cache_bytes,
                 nohistory: options.nohistory,
                 read_only: options.read_only,
+                rebuild_space_map: options.rebuild_space_map,
             },
         )?;
         let fs = Filesystem {

@@ -140,6 +140,9 @@ pub struct MountOptions {
     /// Run first by the engine's opportunistic background threads (read-ahead), for
     /// example to give them the daemon's workers' scheduling policy. Not the committer.
     pub background_thread_start: Option<fn()>,
+    /// Ignore the space map the last commit wrote and rebuild the free map by walking the
+    /// whole tree (slow on large volumes; for timing the walk, or distrust of the map).
+    pub rebuild_space_map: bool,
 }
 
 impl Default for MountOptions {
@@ -150,6 +153,7 @@ impl Default for MountOptions {
             read_only: false,
             commit_interval_ms: 5000,
             background_thread_start: None,
+            rebuild_space_map: false,
         }
     }
 }

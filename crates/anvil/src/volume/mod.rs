@@ -30,6 +30,7 @@ use crate::format::record::{
     rtype, Element, ExtentRef, Key, LogicalKey, Payload, Timestamp, DATA_INLINE_BYTES_MAX,
     VOLUME_OBJ,
 };
+use crate::format::spacemap;
 use crate::format::superblock::{Superblock, LABEL_BYTES};
 use crate::format::{
     VolumeId, BLOCK_BYTES, LOG_OFFSET, NODE_BYTES, SUPERBLOCK_OFFSETS, VOLUME_BYTES_MIN,
@@ -54,6 +55,8 @@ pub struct VolumeOptions {
     /// Overwrites and deletes destroy old versions instead of keeping history.
     pub nohistory: bool,
     pub read_only: bool,
+    /// Walk the tree for the free map even where the last commit wrote a space map.
+    pub rebuild_space_map: bool,
 }
 
 impl Default for VolumeOptions {
@@ -62,6 +65,7 @@ impl Default for VolumeOptions {
             cache_bytes: 256 << 20,
             nohistory: false,
             read_only: false,
+            rebuild_space_map: false,
         }
     }
 }
@@ -78,7 +82,7 @@ pub struct RootRef {
 impl Drop for RootRef {
     fn drop(&mut self) {
         for (offset, bytes) in self.release.get_mut().drain(..) {
-            self.space.release(offset, bytes);
+            self.space.release_deferred(offset, bytes);
         }
     }
 }
@@ -117,6 +121,8 @@ pub struct Volume {
     frozen_unallocated: AtomicU64,
     /// Whether a background committer runs; without one, writers over budget commit inline.
     committer_running: AtomicBool,
+    /// Whether open read the space map the last commit wrote (false: it walked the tree).
+    space_map_read: bool,
 }
 
 /// What one reblock step did.
@@ -190,6 +196,10 @@ impl Volume {
             used_bytes: 0,
             data_offset: LOG_OFFSET + log_bytes,
             label: label_bytes,
+            // An empty tree: mount maps it by walking nothing.
+            space_map_address: 0,
+            space_map_bytes: 0,
+            live_objects: 0,
         };
         sb.validate(sb.address())?;
         device.set_len(volume_bytes)?;
@@ -249,24 +259,44 @@ impl Volume {
         Ok(sb)
     }
 
-    /// Opens a volume: newest superblock, space map rebuilt from the tree, redo log replayed.
+    /// Opens a volume: newest superblock, the space map its commit wrote (or one rebuilt from
+    /// the tree), redo log replayed.
     pub fn open(device: Arc<dyn Device>, options: VolumeOptions) -> Result<Arc<Volume>> {
-        let sb = Self::read_superblock(&*device)?;
-        let space = Arc::new(Space::new(sb.data_offset, sb.volume_bytes));
+        let mut sb = Self::read_superblock(&*device)?;
         let cache = BlockCache::new(options.cache_bytes / 2);
-        let live_objects;
         let root = Root {
             address: sb.root_address,
             level: sb.root_level,
         };
-        {
-            let loader = Loader {
-                device: &*device,
-                cache: &cache,
-                volume_id: sb.volume_id,
-            };
-            live_objects = walk_space(&loader, &space, root)?;
-        }
+        let mut space_map_read = true;
+        let found = if options.rebuild_space_map {
+            Ok(None)
+        } else {
+            load_space_map(&*device, &sb)
+        };
+        let space = match found {
+            Ok(Some(space)) => space,
+            found => {
+                if let Err(e) = found {
+                    log::warn!("space map unusable ({e}); rebuilding it from the tree");
+                }
+                let space = Space::new(sb.data_offset, sb.volume_bytes);
+                let loader = Loader {
+                    device: &*device,
+                    cache: &cache,
+                    volume_id: sb.volume_id,
+                };
+                sb.live_objects = walk_space(&loader, &space, root)?;
+                // The old map's blocks are free in the walked map: the next commit must
+                // not free them again.
+                sb.space_map_address = 0;
+                sb.space_map_bytes = 0;
+                space_map_read = false;
+                space
+            }
+        };
+        let space = Arc::new(space);
+        let live_objects = sb.live_objects;
         let pending_bytes_max = (options.cache_bytes / 4).max(4 << 20);
         let root_ref = Arc::new(RootRef {
             root,
@@ -298,6 +328,7 @@ impl Volume {
             stop_committer: AtomicBool::new(false),
             frozen_unallocated: AtomicU64::new(0),
             committer_running: AtomicBool::new(false),
+            space_map_read,
         });
         let replayed = volume.replay_log()?;
         if replayed > 0 && !volume.is_read_only() {
@@ -349,6 +380,7 @@ impl Volume {
                     };
                     let exists = entry.value.is_some() as u64;
                     st.live_objects = (st.live_objects + exists).saturating_sub(existed as u64);
+                    st.active.objects_delta += exists as i64 - existed as i64;
                 }
                 let pending = Pending {
                     value: entry.value.map(Arc::new),
@@ -379,6 +411,11 @@ impl Volume {
     }
     pub fn options(&self) -> &VolumeOptions {
         &self.options
+    }
+    /// Whether open found the free map in the last commit's space map (true) or had to
+    /// walk the tree for it (a volume from before space maps, or a damaged map).
+    pub fn space_map_was_read(&self) -> bool {
+        self.space_map_read
     }
     pub fn is_read_only(&self) -> bool {
         self.read_only.load(Ordering::Acquire)
@@ -801,6 +838,7 @@ impl Volume {
                 let tid = sb.committed_tid;
                 {
                     let mut st = self.state.lock();
+                    self.space.defer(&freed);
                     old_root.release.lock().extend(freed);
                     st.root = Arc::new(RootRef {
                         root: new_root,
@@ -886,6 +924,7 @@ impl Volume {
         let mut ctx = CommitContext::new(self.loader(), &self.space, tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         ctx.write_out()?;
+        let map = self.write_space_map(&previous, &mut ctx.freed, tid)?;
         self.device.flush()?;
         let sb = Superblock {
             seq: previous.seq + 1,
@@ -894,13 +933,59 @@ impl Volume {
             committed_tid: tid,
             next_tid: tid + 1,
             commit_time_ns: commit_time,
-            used_bytes: self.space.used_bytes(),
+            used_bytes: map.used_bytes,
+            space_map_address: map.address,
+            space_map_bytes: map.bytes,
+            live_objects: previous
+                .live_objects
+                .saturating_add_signed(frozen.objects_delta),
             ..previous
         };
         sb.validate(sb.address())?;
         self.device.write_at(&sb.encode(), sb.address())?;
         self.device.flush()?;
         Ok((new_root, ctx.freed, sb))
+    }
+
+    /// Writes the free map as it will be once this commit is durable, into space it
+    /// allocates for itself (so the map counts its own blocks as used), and frees the
+    /// previous commit's map with the rest of `freed`.
+    fn write_space_map(
+        &self,
+        previous: &Superblock,
+        freed: &mut Vec<(u64, u64)>,
+        tid: u64,
+    ) -> Result<SpaceMapPlace> {
+        if previous.space_map_address != 0 {
+            freed.push((previous.space_map_address, previous.space_map_bytes));
+        }
+        let mut bytes = previous.space_map_bytes.max(BLOCK_BYTES);
+        loop {
+            let address = self.space.allocate(bytes, Purpose::Metadata)?;
+            let ranges = match self.space.persisted_free(freed) {
+                Ok(ranges) => ranges,
+                Err(e) => {
+                    self.space.release(address, bytes);
+                    return Err(e);
+                }
+            };
+            let payload = spacemap::encode_payload(&ranges, self.space.data_offset());
+            let needed = spacemap::block_bytes_for(payload.len());
+            if needed <= bytes {
+                let block = spacemap::seal(&payload, self.volume_id, tid, address, bytes);
+                self.device.write_at(&block, address)?;
+                let free: u64 = ranges.iter().map(|(_, l)| l).sum();
+                return Ok(SpaceMapPlace {
+                    address,
+                    bytes,
+                    used_bytes: self.space.data_bytes() - free,
+                });
+            }
+            // Too small: give the blocks back (nothing refers to them) and retry with room
+            // to grow, so a slowly growing map is not reallocated by every commit.
+            self.space.release(address, bytes);
+            bytes = (needed + needed / 8).div_ceil(BLOCK_BYTES) * BLOCK_BYTES + BLOCK_BYTES;
+        }
     }
 
     /// Places extents side by side and writes each contiguous run as one request, straight
@@ -1106,12 +1191,15 @@ impl Volume {
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         step.nodes_written = ctx.writes.len() as u64;
         ctx.write_out()?;
+        let map = self.write_space_map(&previous, &mut ctx.freed, previous.committed_tid)?;
         self.device.flush()?;
         let sb = Superblock {
             seq: previous.seq + 1,
             root_address: new_root.address,
             root_level: new_root.level,
-            used_bytes: self.space.used_bytes(),
+            used_bytes: map.used_bytes,
+            space_map_address: map.address,
+            space_map_bytes: map.bytes,
             ..previous
         };
         sb.validate(sb.address())?;
@@ -1119,6 +1207,7 @@ impl Volume {
         self.device.flush()?;
         let freed = ctx.freed;
         let mut st = self.state.lock();
+        self.space.defer(&freed);
         old_root.release.lock().extend(freed);
         st.root = Arc::new(RootRef {
             root: new_root,
@@ -1228,6 +1317,52 @@ pub fn extent_location(extent: &ExtentRef) -> String {
         "extent at byte {} ({} bytes)",
         extent.offset, extent.stored_bytes
     )
+}
+
+/// Where a commit put its space map.
+struct SpaceMapPlace {
+    address: u64,
+    bytes: u64,
+    /// Data-area bytes the map counts as used.
+    used_bytes: u64,
+}
+
+/// The free ranges recorded by the space map the superblock's commit wrote, or `None` if it
+/// wrote none. The map is checked as a block and for order and bounds, not against the tree.
+pub fn read_space_map(device: &dyn Device, sb: &Superblock) -> Result<Option<Vec<(u64, u64)>>> {
+    if sb.space_map_address == 0 {
+        return Ok(None);
+    }
+    let mut block = vec![0u8; sb.space_map_bytes as usize];
+    device.read_at(&mut block, sb.space_map_address)?;
+    let ranges = spacemap::decode(
+        &block,
+        &sb.volume_id,
+        sb.space_map_address,
+        sb.committed_tid,
+        sb.data_offset,
+        sb.volume_bytes,
+    )?;
+    Ok(Some(ranges))
+}
+
+/// The free map as the superblock's commit recorded it, or `None` without a map.
+fn load_space_map(device: &dyn Device, sb: &Superblock) -> Result<Option<Space>> {
+    let Some(ranges) = read_space_map(device, sb)? else {
+        return Ok(None);
+    };
+    let space = Space::with_free_ranges(sb.data_offset, sb.volume_bytes, &ranges)?;
+    if space.used_bytes() != sb.used_bytes {
+        return Err(Error::corrupt(
+            format!(
+                "space map counts {} bytes used, superblock {}",
+                space.used_bytes(),
+                sb.used_bytes
+            ),
+            format!("space map at byte {}", sb.space_map_address),
+        ));
+    }
+    Ok(Some(space))
 }
 
 /// Marks every node and extent reachable from `root` as used.

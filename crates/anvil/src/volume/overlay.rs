@@ -36,6 +36,8 @@ pub struct Overlay {
     pub pending_bytes: u64,
     /// Exact elements (history, or expired volume records) that prune removes at commit.
     pub prune: BTreeSet<Key>,
+    /// Live inodes this group adds (negative: removes), for the count a commit records.
+    pub objects_delta: i64,
 }
 
 impl Overlay {

@@ -42,6 +42,7 @@ impl<'a> Tx<'a> {
             .state
             .live_objects
             .saturating_add_signed(self.objects_delta);
+        self.state.active.objects_delta += self.objects_delta;
         for (lk, pending) in self.writes {
             self.state.active.insert(lk, pending);
         }

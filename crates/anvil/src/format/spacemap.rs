@@ -1,0 +1,184 @@
+//! The free-space map as of a commit: every free byte range of the data area.
+//!
+//! Each commit writes one, beside its nodes, and points the superblock at it, so mount reads
+//! a few blocks instead of walking every node and extent of the tree. The map describes the
+//! volume as a mount would find it: ranges still held for readers of older roots in memory
+//! count as free, since after a restart no such reader exists.
+//!
+//! Payload: `count: u64`, then per range two LEB128 varints in blocks: the gap from the end
+//! of the previous range (from `data_offset` for the first; at least one block after the
+//! first, since ranges are coalesced) and the length (at least one block). The block is a
+//! multiple of `BLOCK_BYTES`, sealed like every other block (header, checksum, address).
+
+use super::coding::{Reader, Writer};
+use super::{open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES};
+use super::{FORMAT_VERSION, HEADER_BYTES};
+use crate::error::{Error, Result};
+
+/// The encoded payload of `ranges` (sorted, disjoint, coalesced, block aligned).
+pub fn encode_payload(ranges: &[(u64, u64)], data_offset: u64) -> Vec<u8> {
+    let mut w = Writer::with_capacity(8 + ranges.len() * 4);
+    w.u64(ranges.len() as u64);
+    let mut end = data_offset;
+    for &(start, bytes) in ranges {
+        debug_assert!(start >= end && bytes > 0);
+        debug_assert!(start % BLOCK_BYTES == 0 && bytes % BLOCK_BYTES == 0);
+        w.uvarint((start - end) / BLOCK_BYTES);
+        w.uvarint(bytes / BLOCK_BYTES);
+        end = start + bytes;
+    }
+    w.bytes
+}
+
+/// Bytes of the block holding `payload_bytes` of payload, rounded up to whole blocks.
+pub fn block_bytes_for(payload_bytes: usize) -> u64 {
+    ((HEADER_BYTES + payload_bytes) as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
+}
+
+/// Seals `payload` as the map block at `address`, `block_bytes` long.
+pub fn seal(
+    payload: &[u8],
+    volume_id: VolumeId,
+    tid: u64,
+    address: u64,
+    block_bytes: u64,
+) -> Vec<u8> {
+    let header = BlockHeader {
+        version: FORMAT_VERSION,
+        block_type: BlockType::SpaceMap,
+        volume_id,
+        tid,
+        address,
+        payload_bytes: payload.len() as u32,
+    };
+    seal_block(&header, payload, block_bytes as usize)
+}
+
+/// Decodes and validates a map block read from `address`: written for this volume at `tid`,
+/// every range inside `[data_offset, volume_bytes)`, aligned, sorted and coalesced.
+pub fn decode(
+    bytes: &[u8],
+    volume_id: &VolumeId,
+    address: u64,
+    tid: u64,
+    data_offset: u64,
+    volume_bytes: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let expect = Expect {
+        block_type: BlockType::SpaceMap,
+        volume_id: Some(volume_id),
+        address,
+    };
+    let (header, payload) = open_block(bytes, &expect)?;
+    let location = format!("space map at byte {address}");
+    if header.tid != tid {
+        return Err(Error::corrupt(
+            format!(
+                "written at TID {:#x}, superblock is at {tid:#x}",
+                header.tid
+            ),
+            location,
+        ));
+    }
+    let mut r = Reader::new(payload, "space map");
+    let count = r.u64()?;
+    // Every range takes at least two bytes: a count beyond that is damage, not a reason to
+    // reserve memory.
+    if count > r.remaining() as u64 / 2 {
+        return Err(Error::corrupt("range count exceeds the block", location));
+    }
+    let mut ranges = Vec::with_capacity(count as usize);
+    let mut end = data_offset;
+    for index in 0..count {
+        let gap = r.uvarint()?;
+        let blocks = r.uvarint()?;
+        let start = gap
+            .checked_mul(BLOCK_BYTES)
+            .and_then(|g| end.checked_add(g));
+        let bytes = blocks.checked_mul(BLOCK_BYTES);
+        let range_end = start.zip(bytes).and_then(|(s, b)| s.checked_add(b));
+        match (start, bytes, range_end) {
+            (Some(start), Some(bytes), Some(range_end))
+                if bytes > 0 && (gap > 0 || index == 0) && range_end <= volume_bytes =>
+            {
+                ranges.push((start, bytes));
+                end = range_end;
+            }
+            _ => {
+                return Err(Error::corrupt(
+                    format!("range {index} out of order or outside the data area"),
+                    location,
+                ))
+            }
+        }
+    }
+    if r.remaining() != 0 {
+        return Err(Error::corrupt("bytes after the last range", location));
+    }
+    Ok(ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DATA: u64 = 1 << 20;
+    const END: u64 = 64 << 20;
+
+    fn round_trip(ranges: &[(u64, u64)]) -> Result<Vec<(u64, u64)>> {
+        let payload = encode_payload(ranges, DATA);
+        let bytes = block_bytes_for(payload.len());
+        let block = seal(&payload, [3; 16], 9, DATA + 8192, bytes);
+        decode(&block, &[3; 16], DATA + 8192, 9, DATA, END)
+    }
+
+    #[test]
+    fn round_trips() {
+        let ranges = vec![
+            (DATA, 4096),
+            (DATA + 3 * 4096, 40960),
+            (END - 4096 * 1000, 4096 * 1000),
+        ];
+        assert_eq!(round_trip(&ranges).unwrap(), ranges);
+        assert_eq!(round_trip(&[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn refuses_what_a_commit_never_writes() {
+        // Ranges past the end of the volume.
+        assert!(round_trip(&[(END - 4096, 8192)]).is_err());
+        // A stale block: written at another TID, or for another volume, or elsewhere.
+        let payload = encode_payload(&[(DATA, 4096)], DATA);
+        let block = seal(&payload, [3; 16], 9, DATA + 8192, 4096);
+        assert!(decode(&block, &[3; 16], DATA + 8192, 10, DATA, END).is_err());
+        assert!(decode(&block, &[4; 16], DATA + 8192, 9, DATA, END).is_err());
+        assert!(decode(&block, &[3; 16], DATA + 4096, 9, DATA, END).is_err());
+        // Adjacent ranges that were not coalesced (gap 0 after the first).
+        let mut w = Writer::with_capacity(32);
+        w.u64(2);
+        for v in [0, 1, 0, 1] {
+            w.uvarint(v);
+        }
+        let block = seal(&w.bytes, [3; 16], 9, DATA + 8192, 4096);
+        assert!(decode(&block, &[3; 16], DATA + 8192, 9, DATA, END).is_err());
+        // A count larger than the payload could hold.
+        let mut w = Writer::with_capacity(32);
+        w.u64(u64::MAX);
+        let block = seal(&w.bytes, [3; 16], 9, DATA + 8192, 4096);
+        assert!(decode(&block, &[3; 16], DATA + 8192, 9, DATA, END).is_err());
+    }
+
+    #[test]
+    fn varints_round_trip_and_refuse_overlong() {
+        let mut w = Writer::with_capacity(64);
+        for v in [0, 1, 127, 128, 300, u64::MAX] {
+            w.uvarint(v);
+        }
+        let mut r = Reader::new(&w.bytes, "test");
+        for v in [0, 1, 127, 128, 300, u64::MAX] {
+            assert_eq!(r.uvarint().unwrap(), v);
+        }
+        let mut r = Reader::new(&[0xff; 11], "test");
+        assert!(r.uvarint().is_err());
+    }
+}
