@@ -113,3 +113,62 @@ fn info_counts_live_objects_through_deletes_reopen_and_replay() {
         "replayed on the original device too"
     );
 }
+
+/// Symlink targets as long as Linux allows (4,095 bytes) work, in history and across
+/// reopen; longer ones fail with ENAMETOOLONG.
+#[test]
+fn symlink_targets_up_to_path_max() {
+    let device = fresh(64 << 20);
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let caller = anvil::fs::Caller::ROOT;
+    let target = |len: usize, seed: u8| -> Vec<u8> {
+        (0..len)
+            .map(|i| {
+                if i % 50 == 49 {
+                    b'/'
+                } else {
+                    b'a' + (i as u8 ^ seed) % 26
+                }
+            })
+            .collect()
+    };
+    let lengths = [1usize, 3000, 3001, 3072, 3073, 4000, 4095];
+    for (i, len) in lengths.iter().enumerate() {
+        let attr = fs
+            .symlink(caller, 1, format!("l{i}").as_bytes(), &target(*len, 1))
+            .unwrap();
+        assert_eq!(attr.size, *len as u64);
+    }
+    let err = fs
+        .symlink(caller, 1, b"too-long", &target(4096, 1))
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::ENAMETOOLONG);
+    let tid = fs.sync().unwrap();
+    // Replace each link with another long target; the old ones stay readable as of `tid`.
+    for i in 0..lengths.len() {
+        fs.remove_path(&format!("/l{i}")).unwrap();
+        fs.symlink(caller, 1, format!("l{i}").as_bytes(), &target(4095, 2))
+            .unwrap();
+    }
+    fs.close().unwrap();
+    drop(fs);
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    let old = fs.at(tid).unwrap();
+    for (i, len) in lengths.iter().enumerate() {
+        let path = format!("/l{i}");
+        assert_eq!(
+            fs.readlink(fs.resolve(&path).unwrap()).unwrap(),
+            target(4095, 2)
+        );
+        assert_eq!(
+            old.readlink(old.resolve(&path).unwrap()).unwrap(),
+            target(*len, 1)
+        );
+    }
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    // Prune drops the old targets, extents included, and the volume stays clean.
+    fs.prune(None, true).unwrap();
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

@@ -35,6 +35,10 @@ const DIRECT_ALIGN: usize = 4096;
 const WINDOW_BYTES: u64 = 128 << 10;
 /// Windows kept.
 const WINDOWS: usize = 64;
+/// Reads at least this long go to the device as they are. Read-around pays for small
+/// neighbours written together (nodes, small files' extents, patches); a data chunk is
+/// read whole, and widening it to a window or two only adds bytes to read and copy.
+const AROUND_BYTES_MAX: usize = 32 << 10;
 
 pub struct FileDevice {
     file: File,
@@ -170,7 +174,7 @@ impl FileDevice {
         let Some(end) = offset.checked_add(buf.len() as u64) else {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         };
-        if buf.is_empty() || buf.len() as u64 >= WINDOW_BYTES {
+        if buf.is_empty() || buf.len() >= AROUND_BYTES_MAX {
             return direct_read(direct, buf, offset);
         }
         let first = offset / WINDOW_BYTES;

@@ -28,7 +28,7 @@ use crate::format::log::{LogBatch, LogEntry};
 use crate::format::node::Node;
 use crate::format::record::{
     rtype, Element, ExtentRef, Key, LogicalKey, Payload, Timestamp, DATA_INLINE_BYTES_MAX,
-    VOLUME_OBJ,
+    INLINE_BYTES_MAX, VOLUME_OBJ,
 };
 use crate::format::spacemap;
 use crate::format::superblock::{Superblock, LABEL_BYTES};
@@ -888,7 +888,14 @@ impl Volume {
                 continue;
             };
             let is_data = lk.rtype == rtype::DATA || lk.rtype == rtype::PATCH;
-            let payload = if is_data && value.len() > DATA_INLINE_BYTES_MAX {
+            // Data beyond a small size, and a symlink target too long for a leaf, live in an
+            // extent; everything else fits inline by its record's own limits.
+            let out_of_line = if is_data {
+                value.len() > DATA_INLINE_BYTES_MAX
+            } else {
+                lk.rtype == rtype::SYMLINK && value.len() > INLINE_BYTES_MAX
+            };
+            let payload = if out_of_line {
                 let stored = Stored {
                     encoded: encode_extent(value, pending.codec),
                     value: value.clone(),
@@ -1290,7 +1297,8 @@ fn log_entry_is_valid(entry: &LogEntry) -> bool {
     let len = entry.value.as_ref().map_or(0, Vec::len);
     let limit = match entry.lk.rtype {
         rtype::DATA | rtype::PATCH => crate::format::record::DATA_CHUNK_BYTES as usize,
-        rtype::INODE..=rtype::COMMIT => crate::format::record::INLINE_BYTES_MAX,
+        rtype::SYMLINK => crate::fs::SYMLINK_BYTES_MAX,
+        rtype::INODE..=rtype::COMMIT => INLINE_BYTES_MAX,
         _ => return false,
     };
     len <= limit && entry.replaces < u64::MAX
