@@ -210,7 +210,13 @@ fn drop_link(tx: &mut Tx<'_>, obj: u64, is_open: bool, now: Timestamp) -> Step<(
     inode.nlink = if inode.is_dir() {
         0
     } else {
-        inode.nlink.saturating_sub(1)
+        // An entry named it, so it had a link: zero here is a damaged count, not a clamp.
+        inode.nlink.checked_sub(1).ok_or_else(|| {
+            Error::corrupt(
+                "link count already zero while an entry names the object",
+                format!("object {obj}"),
+            )
+        })?
     };
     inode.ctime = now;
     if inode.nlink > 0 {
@@ -228,6 +234,28 @@ fn drop_link(tx: &mut Tx<'_>, obj: u64, is_open: bool, now: Timestamp) -> Step<(
     destroy(tx, obj)
 }
 
+/// Whether directory `ancestor` is `dir` or lies on its parent chain up to the root. The
+/// chain is followed through each directory's `parent_hint`; a chain that comes back to a
+/// directory it already passed is damage, reported as such (no depth bound: POSIX sets
+/// none, and a legitimately deep tree must not read as a cycle).
+fn is_ancestor(tx: &Tx<'_>, ancestor: u64, dir: u64) -> Step<bool> {
+    let mut seen = std::collections::HashSet::new();
+    let mut at = dir;
+    while at != ROOT_OBJ {
+        if at == ancestor {
+            return Ok(true);
+        }
+        if !seen.insert(at) {
+            return Err(Stop::Fail(Error::corrupt(
+                "directory parent chain loops",
+                format!("directory {dir}, at {at}"),
+            )));
+        }
+        at = load_inode(tx, at)?.parent_hint;
+    }
+    Ok(ancestor == ROOT_OBJ)
+}
+
 fn touch_dir(
     tx: &mut Tx<'_>,
     dir: u64,
@@ -236,8 +264,15 @@ fn touch_dir(
     now: Timestamp,
 ) -> Step<()> {
     let mut inode = load_inode(tx, dir)?;
-    inode.size = (inode.size as i64 + entries_delta).max(0) as u64;
-    inode.nlink = (inode.nlink as i64 + links_delta as i64).max(0) as u32;
+    let damaged = |what: &str| Error::corrupt(what.to_string(), format!("directory {dir}"));
+    inode.size = inode
+        .size
+        .checked_add_signed(entries_delta)
+        .ok_or_else(|| damaged("entry count would fall below zero"))?;
+    inode.nlink = inode
+        .nlink
+        .checked_add_signed(links_delta)
+        .ok_or_else(|| damaged("link count would fall below zero"))?;
     inode.mtime = now;
     inode.ctime = now;
     store_inode(tx, dir, &inode)
@@ -684,16 +719,8 @@ impl Filesystem {
             let target = find_entry(tx, new_parent, new_name)?;
             let src_is_dir = entry.kind == kind::DIR;
             // A directory may not move below itself.
-            if src_is_dir && parent != new_parent {
-                let mut at = new_parent;
-                let mut hops = 0;
-                while at != ROOT_OBJ && hops < 4096 {
-                    if at == entry.child {
-                        return fail(libc::EINVAL);
-                    }
-                    at = load_inode(tx, at)?.parent_hint;
-                    hops += 1;
-                }
+            if src_is_dir && parent != new_parent && is_ancestor(tx, entry.child, new_parent)? {
+                return fail(libc::EINVAL);
             }
             if new_parent_inode.nlink == 0 {
                 return fail(libc::ENOENT);
@@ -709,16 +736,11 @@ impl Filesystem {
                     return fail(libc::ENOENT);
                 };
                 let target_is_dir = target_entry.kind == kind::DIR;
-                if target_is_dir && parent != new_parent {
-                    let mut at = parent;
-                    let mut hops = 0;
-                    while at != ROOT_OBJ && hops < 4096 {
-                        if at == target_entry.child {
-                            return fail(libc::EINVAL);
-                        }
-                        at = load_inode(tx, at)?.parent_hint;
-                        hops += 1;
-                    }
+                if target_is_dir
+                    && parent != new_parent
+                    && is_ancestor(tx, target_entry.child, parent)?
+                {
+                    return fail(libc::EINVAL);
                 }
                 let a = Dirent {
                     child: target_entry.child,

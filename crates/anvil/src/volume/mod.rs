@@ -502,7 +502,14 @@ impl Volume {
                         }
                         return Ok(value);
                     }
-                    Err(Stop::Fail(e)) => return Err(e),
+                    Err(Stop::Fail(e)) => {
+                        // A broken invariant met in the tree is metadata damage: stop
+                        // changing the volume before a write builds on it.
+                        if matches!(e, Error::Corrupt { .. }) {
+                            self.fail_read_only(&e);
+                        }
+                        return Err(e);
+                    }
                     Err(Stop::Need(need)) => need,
                 }
             };
