@@ -16,8 +16,12 @@ pub enum Error {
     NotAnvil(String),
     /// The image was written by a newer format version than this build understands.
     Version { found: u16, supported: u16 },
-    /// The volume or view is read-only (as-of view, `ro` mount, or after metadata corruption).
+    /// The volume or view is read-only by request (as-of view, `ro` mount).
     ReadOnly,
+    /// The volume stopped taking changes after a failure (a commit that could not be written,
+    /// metadata damage found while mounted); the reason is the first failure's message.
+    /// What was durable before it stays readable.
+    Stopped(String),
     /// The volume has no room left for the request.
     NoSpace,
     /// A POSIX-level failure with its errno (ENOENT, EEXIST, ENOTEMPTY, ...).
@@ -42,7 +46,7 @@ impl Error {
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Corrupt { .. } => libc::EIO,
             Error::NotAnvil(_) | Error::Version { .. } => libc::EINVAL,
-            Error::ReadOnly => libc::EROFS,
+            Error::ReadOnly | Error::Stopped(_) => libc::EROFS,
             Error::NoSpace => libc::ENOSPC,
             Error::Posix(errno) => *errno,
             Error::Invalid(_) => libc::EINVAL,
@@ -67,6 +71,11 @@ impl fmt::Display for Error {
                  upgrade anvil"
             ),
             Error::ReadOnly => write!(f, "read-only volume or view"),
+            Error::Stopped(why) => write!(
+                f,
+                "the volume stopped taking changes after an earlier failure ({why}); \
+                 unmount it and run `anvil check`"
+            ),
             Error::NoSpace => write!(f, "no space left on the volume; delete files or prune"),
             Error::Posix(errno) => write!(f, "{}", io::Error::from_raw_os_error(*errno)),
             Error::Invalid(why) => write!(f, "invalid request: {why}"),
@@ -74,7 +83,14 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Error {

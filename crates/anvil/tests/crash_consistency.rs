@@ -513,7 +513,12 @@ fn failed_fsync_is_reported_and_volume_goes_read_only() {
     fs.write_file("/lost", b"pending").unwrap();
     device.inject(Fault::FlushErrorAfter(0));
     assert!(fs.fsync(1).is_err(), "a failed flush must fail fsync");
-    assert!(matches!(fs.write_file("/more", b"x"), Err(Error::ReadOnly)));
+    let more = fs.write_file("/more", b"x");
+    assert!(matches!(more, Err(Error::Stopped(_))), "{more:?}");
+    assert!(more
+        .unwrap_err()
+        .to_string()
+        .contains("stopped taking changes"));
     drop(fs);
     let fs = Filesystem::open(inner as Arc<dyn Device>, options()).unwrap();
     assert_eq!(fs.read_file("/kept").unwrap(), b"durable");

@@ -172,3 +172,21 @@ fn symlink_targets_up_to_path_max() {
     let report = anvil::check::check(fs.volume()).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A read-only mount refuses changes with `ReadOnly`, not with the error of a volume that a
+/// failure stopped.
+#[test]
+fn read_only_mount_refuses_changes_as_read_only() {
+    let device = fresh(32 << 20);
+    let fs = Filesystem::open(
+        device as Arc<dyn Device>,
+        MountOptions {
+            read_only: true,
+            ..options()
+        },
+    )
+    .unwrap();
+    let result = fs.write_file("/x", b"x");
+    assert!(matches!(result, Err(anvil::Error::ReadOnly)), "{result:?}");
+    assert_eq!(result.unwrap_err().errno(), libc::EROFS);
+}

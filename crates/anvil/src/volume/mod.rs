@@ -111,6 +111,8 @@ pub struct Volume {
     commit_lock: Mutex<LogCursor>,
     options: VolumeOptions,
     read_only: AtomicBool,
+    /// Why the volume stopped taking changes, once a failure stopped it (`fail_read_only`).
+    stopped: Mutex<Option<String>>,
     /// Signalled after each commit (writers waiting for memory) and to wake the committer.
     commit_signal: (Mutex<u64>, Condvar),
     pending_bytes_max: u64,
@@ -322,6 +324,7 @@ impl Volume {
                 used_bytes: 0,
             }),
             read_only: AtomicBool::new(options.read_only),
+            stopped: Mutex::new(None),
             options,
             commit_signal: (Mutex::new(0), Condvar::new()),
             pending_bytes_max,
@@ -433,8 +436,21 @@ impl Volume {
 
     /// Switches the volume to read-only after a failure that may have left metadata unwritten.
     pub fn fail_read_only(&self, why: &Error) {
+        let mut stopped = self.stopped.lock();
+        if stopped.is_none() && !self.options.read_only {
+            *stopped = Some(why.to_string());
+        }
         if !self.read_only.swap(true, Ordering::AcqRel) {
             log::error!("switching volume to read-only: {why}");
+        }
+    }
+
+    /// The error a change gets on a volume that takes none: `Stopped` with the first
+    /// failure's reason if a failure stopped it, else `ReadOnly`.
+    pub fn read_only_error(&self) -> Error {
+        match &*self.stopped.lock() {
+            Some(why) => Error::Stopped(why.clone()),
+            None => Error::ReadOnly,
         }
     }
 
@@ -470,7 +486,7 @@ impl Volume {
     /// holding the state lock across device I/O (misses are loaded outside and retried).
     pub fn run<T>(&self, write: bool, mut op: impl FnMut(&mut Tx<'_>) -> Step<T>) -> Result<T> {
         if write && self.is_read_only() {
-            return Err(Error::ReadOnly);
+            return Err(self.read_only_error());
         }
         if write {
             self.metadata_floor()?;
@@ -823,7 +839,7 @@ impl Volume {
 
     fn commit_locked(&self, cursor: &mut LogCursor) -> Result<u64> {
         if self.is_read_only() {
-            return Err(Error::ReadOnly);
+            return Err(self.read_only_error());
         }
         let (frozen, old_root, superblock) = {
             let mut st = self.state.lock();
@@ -1067,7 +1083,7 @@ impl Volume {
             return if st.active.is_empty() && st.frozen.is_none() {
                 Ok(())
             } else {
-                Err(Error::ReadOnly)
+                Err(self.read_only_error())
             };
         }
         let mut cursor = self.commit_lock.lock();
@@ -1124,7 +1140,7 @@ impl Volume {
     /// change, so as-of views and pending changes are unaffected. Runs under the commit lock.
     pub fn reblock_step(&self, from: Key, budget_bytes: u64) -> Result<ReblockStep> {
         if self.is_read_only() {
-            return Err(Error::ReadOnly);
+            return Err(self.read_only_error());
         }
         let _cursor = self.commit_lock.lock();
         // Moving data needs room for the copy until the step is durable.
@@ -1237,7 +1253,7 @@ impl Volume {
     /// commit before scheduling again, so an element is never removed twice.
     pub fn schedule_removals(&self, keys: impl IntoIterator<Item = Key>) -> Result<()> {
         if self.is_read_only() {
-            return Err(Error::ReadOnly);
+            return Err(self.read_only_error());
         }
         self.state.lock().active.prune.extend(keys);
         Ok(())
