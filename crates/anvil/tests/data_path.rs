@@ -291,3 +291,62 @@ fn a_small_overwrite_stores_only_its_pages() {
     assert_eq!(after.extents_by_codec.iter().sum::<u64>(), 16 + 4);
     assert_clean(&fs);
 }
+
+/// Live PATCH records of chunk `index` of `ino`.
+fn live_patches(fs: &Filesystem, ino: u64, index: u64) -> usize {
+    use anvil::format::record::{patch, rtype};
+    let (lo, hi) = patch::key_range(index, index);
+    fs.volume()
+        .run(false, |tx| {
+            tx.range_versions(ino, rtype::PATCH, lo, hi, usize::MAX)
+        })
+        .unwrap()
+        .len()
+}
+
+/// Past the soft bounds a small write still stores a patch and the chunk is folded in the
+/// background; contents stay exact at every TID; the hard bound is never passed.
+#[test]
+fn patched_chunks_are_folded_in_the_background() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "fold").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(21);
+    let mut content: Vec<u8> = (0..(256 << 10)).map(|_| rng.gen()).collect();
+    let ino = fs.write_file("/f", &content).unwrap();
+    let mut versions = vec![(fs.sync().unwrap(), content.clone())];
+    // One page of chunk 1 per commit, each a different page: patches pile up.
+    let mut most = 0;
+    for round in 0..40u64 {
+        let page: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+        let at = 65536 + (round * 5 % 16) * 4096;
+        fs.write(ino, at, &page).unwrap();
+        content[at as usize..at as usize + 4096].copy_from_slice(&page);
+        versions.push((fs.sync().unwrap(), content.clone()));
+        let live = live_patches(&fs, ino, 1);
+        most = most.max(live);
+        assert!(
+            live <= 16,
+            "round {round}: {live} patches, past the hard bound"
+        );
+    }
+    assert!(most > 8, "never past the soft bound ({most})");
+    // The fold runs soon after the write that asked for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while live_patches(&fs, ino, 1) > 8 {
+        assert!(std::time::Instant::now() < deadline, "no background fold");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(fs.read_file("/f").unwrap(), content);
+    fs.close().unwrap();
+    drop(fs);
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    for (tid, bytes) in &versions {
+        assert_eq!(
+            &fs.at(*tid).unwrap().read_file("/f").unwrap(),
+            bytes,
+            "TID {tid}"
+        );
+    }
+    assert_clean(&fs);
+}

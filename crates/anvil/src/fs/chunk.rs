@@ -4,9 +4,11 @@
 //! A write of a few pages into a chunk that is already on the device stores only those
 //! pages, as a PATCH of the chunk, instead of a new copy of the whole chunk. Reads apply a
 //! chunk's patches over it in create_tid order. Patches are bounded per chunk (count and
-//! pages); the write that would pass a bound writes the whole chunk anew and removes its
-//! patches in the same operation, so a patch always lies over the DATA record it was
-//! written against, at every TID.
+//! pages) twice: past the soft bounds the write still stores a patch and asks for the chunk
+//! to be folded in the background (`fold`: the chunk written anew with its patches applied,
+//! the patches removed, in one operation), so the device reads a fold needs are not on the
+//! writer's path; the write that would pass a hard bound folds the chunk itself. Either
+//! way a patch always lies over the DATA record it was written against, at every TID.
 
 use super::{chunk_key, put};
 use crate::btree::{Step, Stop};
@@ -15,10 +17,25 @@ use crate::format::record::{patch, rtype, LogicalKey, DATA_CHUNK_BYTES};
 use crate::volume::{Tx, Value};
 use std::sync::Arc;
 
-/// Live patches a chunk may have; the next small write rewrites the chunk instead.
-const PATCHES_PER_CHUNK_MAX: usize = 8;
-/// Pages all live patches of a chunk may cover together (half the chunk).
-const PATCH_PAGES_MAX: u32 = patch::PAGES / 2;
+/// Live patches of a chunk past which a background fold is asked for.
+const PATCHES_SOFT: usize = 8;
+/// Live patches a chunk may have; the next small write folds the chunk itself.
+const PATCHES_HARD: usize = 16;
+/// Pages all live patches of a chunk may cover together before a background fold is asked
+/// for (half the chunk), and at most (the whole chunk).
+const PAGES_SOFT: u32 = patch::PAGES / 2;
+const PAGES_HARD: u32 = patch::PAGES;
+
+/// What `try_patch` did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Patched {
+    /// Not a patch: the caller writes the whole chunk.
+    No,
+    /// Stored as a patch.
+    Yes,
+    /// Stored as a patch past the soft bounds: the chunk should be folded soon.
+    FoldSoon,
+}
 
 /// A patch with its bytes: (key, bytes, create_tid).
 pub(crate) type ResolvedPatch = (u64, Arc<Vec<u8>>, u64);
@@ -122,19 +139,19 @@ pub(super) fn try_patch(
     src: &[u8],
     valid: u64,
     policy: Policy,
-) -> Step<bool> {
+) -> Step<Patched> {
     let Policy { nohistory, codec } = policy;
     let lk = chunk_key(obj, index);
     if tx.is_pending_active(&lk) {
-        return Ok(false); // the chunk is in memory anyway and commits once
+        return Ok(Patched::No); // the chunk is in memory anyway and commits once
     }
     let chunk_len = match tx.get(lk)? {
         Some(Value::Extent(extent)) => extent.logical_bytes as usize,
-        _ => return Ok(false), // a hole, or inline bytes: rewriting costs little
+        _ => return Ok(Patched::No), // a hole, or inline bytes: rewriting costs little
     };
     let end = at + src.len();
     if end > chunk_len || end as u64 > valid {
-        return Ok(false);
+        return Ok(Patched::No);
     }
     let live = patches(tx, obj, index, index)?;
     // This group's own patch of the chunk, if any, is widened instead of adding another.
@@ -153,16 +170,23 @@ pub(super) fn try_patch(
     }
     let own_bitmap = own.map_or(0, |key| patch::split(key).1);
     let bitmap = own_bitmap | patch::pages_of(at as u64, end as u64);
-    if others + 1 > PATCHES_PER_CHUNK_MAX || pages + bitmap.count_ones() > PATCH_PAGES_MAX {
-        return Ok(false);
+    let count = others + 1;
+    let covered = pages + bitmap.count_ones();
+    if count > PATCHES_HARD || covered > PAGES_HARD {
+        return Ok(Patched::No);
     }
+    let outcome = if count > PATCHES_SOFT || covered > PAGES_SOFT {
+        Patched::FoldSoon
+    } else {
+        Patched::Yes
+    };
     // Whole pages need nothing of the chunk: only a page written in part is read first.
     let own_pages = own_payload.as_deref().map(|p| (own_bitmap, p.as_slice()));
     let payload = match patch::compose(bitmap, chunk_len, at, src, own_pages) {
         Some(payload) => payload,
         None => {
             let Some(current) = chunk_bytes(tx, obj, index)? else {
-                return Ok(false);
+                return Ok(Patched::No);
             };
             let mut current = current.to_vec();
             current[at..end].copy_from_slice(src);
@@ -179,6 +203,31 @@ pub(super) fn try_patch(
         Some(Arc::new(payload)),
         nohistory,
         codec,
+    )?;
+    Ok(outcome)
+}
+
+/// Folds chunk `index` of `obj` if its patches are still past the soft bounds: writes it
+/// anew with its patches applied and removes them, as the write that passes a hard bound
+/// does. Contents are unchanged at every TID, so the inode's times are left alone.
+pub(super) fn fold(tx: &mut Tx<'_>, obj: u64, index: u64, policy: Policy) -> Step<bool> {
+    let live = patches(tx, obj, index, index)?;
+    let pages: u32 = live
+        .iter()
+        .map(|(key, _, _)| patch::split(*key).1.count_ones())
+        .sum();
+    if live.len() <= PATCHES_SOFT && pages <= PAGES_SOFT {
+        return Ok(false);
+    }
+    let Some(bytes) = chunk_bytes(tx, obj, index)? else {
+        return Ok(false);
+    };
+    drop_patches(tx, obj, index, index)?;
+    tx.put_with(
+        chunk_key(obj, index),
+        Some(bytes),
+        policy.nohistory,
+        policy.codec,
     )?;
     Ok(true)
 }

@@ -994,7 +994,9 @@ impl Filesystem {
         };
         self.volume.throttle();
         self.volume.check_space(data.len() as u64)?;
-        self.volume.run(true, |tx| {
+        let mut fold_soon: Vec<u64> = Vec::new();
+        let written = self.volume.run(true, |tx| {
+            fold_soon.clear();
             let mut inode = load_inode(tx, ino)?;
             if inode.is_dir() {
                 return fail(libc::EISDIR);
@@ -1013,8 +1015,15 @@ impl Filesystem {
                 let at = (from - chunk_start) as usize;
                 let valid = inode.size.saturating_sub(chunk_start);
                 let whole = at == 0 && src.len() as u64 == DATA_CHUNK_BYTES;
-                if !whole && chunk::try_patch(tx, ino, index, at, src, valid, policy)? {
-                    continue;
+                if !whole {
+                    match chunk::try_patch(tx, ino, index, at, src, valid, policy)? {
+                        chunk::Patched::No => {}
+                        chunk::Patched::Yes => continue,
+                        chunk::Patched::FoldSoon => {
+                            fold_soon.push(index);
+                            continue;
+                        }
+                    }
                 }
                 let new_chunk = if whole {
                     src.to_vec()
@@ -1046,6 +1055,28 @@ impl Filesystem {
             inode.ctime = now;
             store_inode(tx, ino, &inode)?;
             Ok(data.len())
+        })?;
+        for index in fold_soon {
+            self.prefetch.fold_soon(ino, index);
+        }
+        Ok(written)
+    }
+
+    /// Folds chunk `index` of `ino` if its patches passed the soft bounds (see
+    /// `chunk::fold`). Returns whether it did. Run by the background thread.
+    pub(super) fn fold_chunk(volume: &Volume, ino: u64, index: u64) -> Result<bool> {
+        volume.run(true, |tx| {
+            let inode = match load_inode(tx, ino) {
+                Ok(inode) if inode.kind() == kind::FILE => inode,
+                // Gone, or no longer a file: nothing to fold.
+                Ok(_) | Err(Stop::Fail(Error::Posix(_))) => return Ok(false),
+                Err(stop) => return Err(stop),
+            };
+            let policy = chunk::Policy {
+                nohistory: inode.flags & inode_flags::NOHISTORY != 0,
+                codec: inode.codec(),
+            };
+            chunk::fold(tx, ino, index, policy)
         })
     }
 

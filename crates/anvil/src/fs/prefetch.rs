@@ -1,11 +1,18 @@
-//! Read-ahead of files read in sequence.
+//! The engine's background thread: read-ahead of files read in sequence, and folds of
+//! chunks whose patches passed their soft bounds.
 //!
 //! With O_DIRECT on the device nothing below the engine reads ahead, so a file read front to
 //! back would wait for the device on every request. `Filesystem::read` reports each read
-//! here; when a file's reads move forward, a background thread reads, verifies and decodes
-//! the extents ahead of the reader into the engine's cache (up to 4 MiB ahead), overlapping
+//! here; when a file's reads move forward, the thread reads, verifies and decodes the
+//! extents ahead of the reader into the engine's cache (up to 4 MiB ahead), overlapping
 //! device I/O with the transport. Random reads (anything that jumps back or far ahead)
 //! start nothing.
+//!
+//! A small write that leaves a chunk with many patches asks for a fold (`chunk::fold`):
+//! reading the chunk and its patches back from the device is done here, not while the
+//! writer waits. Both kinds of job are dropped, never waited for, when the queue is full:
+//! a skipped read-ahead costs a wait later, a skipped fold is done by the write that
+//! reaches the hard bound.
 
 use super::chunk;
 use crate::format::record::{rtype, Inode, LogicalKey, DATA_CHUNK_BYTES};
@@ -32,24 +39,40 @@ struct Stream {
     ahead: u64,
 }
 
+enum Job {
+    /// Read `len` bytes of object `ino` from `offset` into the cache.
+    ReadAhead { ino: u64, offset: u64, len: u64 },
+    /// Fold chunk `index` of object `ino`.
+    Fold { ino: u64, index: u64 },
+}
+
 pub(super) struct Prefetcher {
-    sender: Mutex<Option<SyncSender<(u64, u64, u64)>>>,
+    sender: Mutex<Option<SyncSender<Job>>>,
     streams: Mutex<HashMap<u64, Stream>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Prefetcher {
     pub fn start(volume: Arc<Volume>, thread_start: Option<fn()>) -> Prefetcher {
-        let (sender, receiver) = sync_channel::<(u64, u64, u64)>(64);
+        let (sender, receiver) = sync_channel::<Job>(256);
         let thread = std::thread::Builder::new()
             .name("anvil-prefetch".into())
             .spawn(move || {
                 if let Some(start) = thread_start {
                     start();
                 }
-                while let Ok((ino, offset, len)) = receiver.recv() {
-                    if let Err(e) = prefetch(&volume, ino, offset, len) {
-                        log::debug!("read-ahead of object {ino} at {offset} stopped: {e}");
+                while let Ok(job) = receiver.recv() {
+                    match job {
+                        Job::ReadAhead { ino, offset, len } => {
+                            if let Err(e) = prefetch(&volume, ino, offset, len) {
+                                log::debug!("read-ahead of object {ino} at {offset} stopped: {e}");
+                            }
+                        }
+                        Job::Fold { ino, index } => {
+                            if let Err(e) = super::Filesystem::fold_chunk(&volume, ino, index) {
+                                log::debug!("fold of object {ino} chunk {index} failed: {e}");
+                            }
+                        }
                     }
                 }
             })
@@ -89,10 +112,23 @@ impl Prefetcher {
                 return;
             }
             stream.ahead = want;
-            (ino, from, want - from)
+            Job::ReadAhead {
+                ino,
+                offset: from,
+                len: want - from,
+            }
         };
+        self.send(request);
+    }
+
+    /// Asks for chunk `index` of `ino` to be folded.
+    pub fn fold_soon(&self, ino: u64, index: u64) {
+        self.send(Job::Fold { ino, index });
+    }
+
+    fn send(&self, job: Job) {
         if let Some(sender) = self.sender.lock().as_ref() {
-            let _ = sender.try_send(request); // a busy prefetcher skips, never blocks a read
+            let _ = sender.try_send(job); // a busy thread skips the job, never blocks
         }
     }
 
