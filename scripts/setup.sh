@@ -15,11 +15,12 @@ TOOLS="$ROOT/.tools"
 # Debian packages: FUSE runtime and headers, ACL/xattr tools (pjdfstest needs
 # libacl1-dev to build), peer filesystems for comparisons (zfs-fuse included),
 # load generators, and what `anvil bench` needs: gcc and make for the nightly
-# build, rsync for backups, a font for PNG charts.
+# build, rsync for backups, a font for PNG charts; sqlite3 and git for the
+# real-client mount tests.
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config libacl1-dev acl attr
     e2fsprogs xfsprogs btrfs-progs zfs-fuse fio stress-ng rsync
-    gcc make fonts-dejavu-core
+    gcc make fonts-dejavu-core sqlite3 git
 )
 
 # Test tools from crates.io, pinned: "crate version binary".

@@ -116,26 +116,8 @@ fn fsynced_files_survive_kill_dash_nine() {
             unsafe { libc::kill(-(load.id() as i32), libc::SIGKILL) };
             let _ = load.wait();
         }
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&root)
-            .status();
-        for _ in 0..100 {
-            if common::daemon_pid(mount.image()).is_none() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(
-            common::wait_until_released(mount.image(), Duration::from_secs(10)),
-            "round {round}: the killed daemon still holds the image"
-        );
-        let check = mount.check();
-        assert!(
-            check.status.success(),
-            "round {round}: volume not clean after kill: {check}"
-        );
-        mount.mount_again();
+        // Already dead: this only detaches, waits, checks and mounts again.
+        mount.kill_daemon_and_remount(&format!("round {round}"));
         for (file, name) in durable.lock().unwrap().iter() {
             let got = std::fs::read(mount.path().join(file))
                 .unwrap_or_else(|e| panic!("round {round}: fsync'd {file} lost: {e}"));

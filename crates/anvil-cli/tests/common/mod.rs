@@ -181,6 +181,37 @@ impl Mount {
         self.unmount_and_check();
     }
 
+    /// Kills the daemon with SIGKILL (if it still runs), detaches the dead mount, waits for
+    /// the image to be released, asserts `anvil check` finds the volume clean, and mounts
+    /// it again.
+    #[allow(dead_code)]
+    pub fn kill_daemon_and_remount(&mut self, what: &str) {
+        if let Some(pid) = daemon_pid(self.image()) {
+            // SAFETY: killing the daemon this test started for its own image.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.mountpoint)
+            .status();
+        for _ in 0..100 {
+            if daemon_pid(self.image()).is_none() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            wait_until_released(self.image(), Duration::from_secs(10)),
+            "{what}: the killed daemon still holds the image"
+        );
+        let check = self.check();
+        assert!(
+            check.status.success(),
+            "{what}: volume not clean after the kill: {check}"
+        );
+        self.mount_again();
+    }
+
     /// Runs `anvil check IMAGE` once (the volume should not be mounted).
     pub fn check(&self) -> CommandOutput {
         let args = [OsStr::new("check"), self.image.as_os_str()];
