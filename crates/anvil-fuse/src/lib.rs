@@ -14,6 +14,7 @@
 //! so the kernel does not look up `security.capability` before every write.
 
 pub mod classic;
+pub mod control;
 mod counters;
 pub mod memfs;
 pub mod uring;
@@ -22,6 +23,7 @@ mod views;
 use anvil::format::record::compression;
 use anvil::fs::{Caller, RenameFlags as AnvilRename, SetAttr};
 use anvil::{Attr, DirEntry, Error, FileKind, Filesystem};
+use control::Control;
 pub use counters::{Counters, Op};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -268,13 +270,14 @@ impl AnvilFuse {
     /// Writes to the control attributes (`trusted.anvil.*`).
     fn control_set(&self, ino: u64, name: &[u8], value: &[u8]) -> Reply<()> {
         let text = String::from_utf8_lossy(value).into_owned();
-        let root = ino == 1;
-        let name = std::str::from_utf8(name).map_err(|_| libc::EPERM)?;
-        let result = match name {
-            SNAPSHOT_XATTR if root => self.fs.snapshot(&text).map(|_| {
+        let control = Control::parse(name)
+            .filter(|c| c.writable() && c.applies_to(ino))
+            .ok_or(libc::EPERM)?;
+        let result = match control {
+            Control::Snapshot => self.fs.snapshot(&text).map(|_| {
                 self.invalidate_views(Vec::new(), false);
             }),
-            PRUNE_XATTR if root => {
+            Control::Prune => {
                 let result = match text.trim() {
                     "everything" => self.fs.prune(None, true),
                     "" => self.fs.prune(None, false),
@@ -286,7 +289,7 @@ impl AnvilFuse {
                     self.invalidate_views(Vec::new(), true);
                 })
             }
-            NOHISTORY_XATTR => {
+            Control::NoHistory => {
                 let on = match value {
                     b"1" => true,
                     b"0" => false,
@@ -294,14 +297,14 @@ impl AnvilFuse {
                 };
                 self.fs.set_nohistory(ino, on)
             }
-            COMPRESSION_XATTR => {
+            Control::Compression => {
                 let codec = match text.trim() {
                     "default" => None,
                     name => Some(compression::parse(name).ok_or(libc::EINVAL)?),
                 };
                 self.fs.set_compression(ino, codec)
             }
-            REBLOCK_XATTR if root => {
+            Control::Reblock => {
                 let seconds: f64 = text.trim().parse().unwrap_or(1.0);
                 let options = anvil::fs::ReblockOptions {
                     time_box: Some(Duration::from_secs_f64(seconds.clamp(0.0, 3600.0))),
@@ -314,12 +317,12 @@ impl AnvilFuse {
                         *self.last_reblock.lock() = Some((report, progress.0, progress.1));
                     })
             }
-            CLEANUP_XATTR if root => self
+            Control::Cleanup => self
                 .fs
                 .set_config_text(anvil::fs::config_keys::CLEANUP, &text),
-            POLICY_XATTR if root => anvil::fs::RetentionPolicy::parse(&text)
+            Control::Policy => anvil::fs::RetentionPolicy::parse(&text)
                 .and_then(|p| self.fs.set_retention_policy(p)),
-            SNAPRM_XATTR if root => {
+            Control::SnapRm => {
                 let names: Vec<String> = self
                     .fs
                     .snapshots()
@@ -332,27 +335,32 @@ impl AnvilFuse {
                     .remove_snapshot(&text)
                     .map(|_| self.invalidate_views(names, false))
             }
-            SYNC_XATTR if root => self.fs.sync().map(|_| ()),
-            DROPCACHE_XATTR if root => self.fs.sync().map(|_| self.fs.volume().drop_caches()),
-            REQUESTS_XATTR if root => {
+            Control::Sync => self.fs.sync().map(|_| ()),
+            Control::DropCache => self.fs.sync().map(|_| self.fs.volume().drop_caches()),
+            Control::Requests => {
                 self.counters.reset();
                 Ok(())
             }
-            _ => return Err(libc::EPERM),
+            // Filtered out above: reports only.
+            Control::Info | Control::Snapshots | Control::Space | Control::History => {
+                return Err(libc::EPERM)
+            }
         };
         result.map_err(|e| errno(&e))
     }
 
     /// Reads of the control attributes; `None` for a name that is not one of them here.
     fn control_get(&self, ino: u64, name: &[u8]) -> Reply<Option<Vec<u8>>> {
-        let Ok(name) = std::str::from_utf8(name) else {
+        let Some(control) = Control::parse(name)
+            .filter(|c| c.readable() && c.applies_to(ino))
+            .filter(|c| !(c.per_object() && is_view(ino)))
+        else {
             return Ok(None);
         };
-        let root = ino == 1;
-        let text = match name {
-            INFO_XATTR => self.fs.info().to_json(),
-            SNAPSHOTS_XATTR if root => snapshots_json(&self.fs.snapshots().map_err(|e| errno(&e))?),
-            PRUNE_XATTR if root => match &*self.last_prune.lock() {
+        let text = match control {
+            Control::Info => self.fs.info().to_json(),
+            Control::Snapshots => snapshots_json(&self.fs.snapshots().map_err(|e| errno(&e))?),
+            Control::Prune => match &*self.last_prune.lock() {
                 Some(r) => serde_json::json!({
                     "elements_removed": r.elements_removed,
                     "extent_bytes_freed": r.extent_bytes_freed,
@@ -361,18 +369,16 @@ impl AnvilFuse {
                 .to_string(),
                 None => "{}".to_string(),
             },
-            COMPRESSION_XATTR if !is_view(ino) => {
-                match self.fs.compression(ino).map_err(|e| errno(&e))? {
-                    Some(codec) => compression::name(codec).to_string(),
-                    None => "default".to_string(),
-                }
-            }
-            NOHISTORY_XATTR if !is_view(ino) => {
+            Control::Compression => match self.fs.compression(ino).map_err(|e| errno(&e))? {
+                Some(codec) => compression::name(codec).to_string(),
+                None => "default".to_string(),
+            },
+            Control::NoHistory => {
                 let attr = self.fs.getattr(ino).map_err(|e| errno(&e))?;
                 let on = attr.flags & anvil::format::record::inode_flags::NOHISTORY != 0;
                 (if on { "1" } else { "0" }).to_string()
             }
-            REBLOCK_XATTR if root => match &*self.last_reblock.lock() {
+            Control::Reblock => match &*self.last_reblock.lock() {
                 Some((r, done, total)) => serde_json::json!({
                     "extents_moved": r.extents_moved,
                     "bytes_moved": r.bytes_moved,
@@ -385,17 +391,17 @@ impl AnvilFuse {
                 .to_string(),
                 None => "{}".to_string(),
             },
-            CLEANUP_XATTR if root => self
+            Control::Cleanup => self
                 .fs
                 .config_text(anvil::fs::config_keys::CLEANUP)
                 .map_err(|e| errno(&e))?
                 .unwrap_or_default(),
-            POLICY_XATTR if root => self
+            Control::Policy => self
                 .fs
                 .retention_policy()
                 .map_err(|e| errno(&e))?
                 .to_string(),
-            SPACE_XATTR if root => {
+            Control::Space => {
                 let split = self.fs.space_split().map_err(|e| errno(&e))?;
                 serde_json::json!({
                     "live_bytes": split.live_bytes,
@@ -407,11 +413,12 @@ impl AnvilFuse {
                 })
                 .to_string()
             }
-            HISTORY_XATTR if !is_view(ino) => {
-                history_json(&self.fs.history(ino).map_err(|e| errno(&e))?)
+            Control::History => history_json(&self.fs.history(ino).map_err(|e| errno(&e))?),
+            Control::Requests => self.counters.to_json(),
+            // Filtered out above: actions only.
+            Control::Sync | Control::DropCache | Control::Snapshot | Control::SnapRm => {
+                return Ok(None)
             }
-            REQUESTS_XATTR if root => self.counters.to_json(),
-            _ => return Ok(None),
         };
         Ok(Some(text.into_bytes()))
     }
