@@ -6,7 +6,7 @@ mod mount;
 mod replay;
 
 use anvil::device::{Device, FileDevice};
-use anvil::volume::Volume;
+use anvil::internals::Volume;
 use anvil::{Error, Filesystem, MountOptions};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};

@@ -9,17 +9,33 @@
 //! - [`volume`]: flush-group commits, the redo log, recovery, as-of reads;
 //! - [`fs`]: POSIX semantics over the tree;
 //! - [`check`]: verification of every checksum and invariant.
+//!
+//! The library's interface is [`Filesystem`] (with its history views in [`fs`]), a
+//! [`device::Device`] to open it on, [`check`], and [`Error`]. The tree, the allocator and
+//! the transaction layer are crate-private; what tests, fuzzing and tools that look below
+//! the file system need of them is re-exported, on purpose and in one place, by
+//! [`internals`], which makes no promise of stability.
 
-pub mod btree;
-pub mod cache;
+pub(crate) mod btree;
+pub(crate) mod cache;
 pub mod check;
 pub mod checksum;
 pub mod device;
 pub mod error;
 pub mod format;
 pub mod fs;
-pub mod space;
-pub mod volume;
+pub(crate) mod space;
+pub(crate) mod volume;
+
+/// Below the file system: the transaction layer and what its operations return, for tests,
+/// fuzzing and inspection tools. Not a stable interface.
+pub mod internals {
+    pub use crate::btree::{Need, Step, Stop};
+    pub use crate::cache::CacheStats;
+    pub use crate::volume::{
+        decode_extent, encode_extent, read_space_map, Tx, Usage, Value, Volume, VolumeOptions,
+    };
+}
 
 pub use error::{Error, Result};
 pub use fs::{Attr, DirEntry, FileKind, Filesystem, MountOptions, SetAttr, VolumeInfo};

@@ -5,10 +5,10 @@
 //! the model, and every committed TID must still read back exactly the model as it was at
 //! that commit (as-of reads), including across reopen.
 
-use anvil::btree::Step;
 use anvil::device::{Device, MemDevice};
 use anvil::format::record::LogicalKey;
-use anvil::volume::{Value, Volume, VolumeOptions};
+use anvil::internals::Step;
+use anvil::internals::{Value, Volume, VolumeOptions};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;

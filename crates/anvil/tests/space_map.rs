@@ -4,7 +4,7 @@
 
 use anvil::device::{Device, MemDevice};
 use anvil::format::spacemap;
-use anvil::volume::{read_space_map, Volume};
+use anvil::internals::{read_space_map, Volume};
 use anvil::{Filesystem, MountOptions};
 use std::sync::Arc;
 

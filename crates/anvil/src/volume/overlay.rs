@@ -2,7 +2,6 @@
 
 use crate::format::record::{ExtentRef, Key, LogicalKey};
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Bound;
 use std::sync::Arc;
 
 /// A record's current content: bytes in memory, or an extent on the device.
@@ -59,13 +58,5 @@ impl Overlay {
         }
         self.pending_bytes += new_bytes;
         self.log_dirty.insert(lk);
-    }
-
-    pub fn range(
-        &self,
-        lo: LogicalKey,
-        hi: LogicalKey,
-    ) -> std::collections::btree_map::Range<'_, LogicalKey, Pending> {
-        self.map.range((Bound::Included(lo), Bound::Included(hi)))
     }
 }
