@@ -256,6 +256,140 @@ fn is_ancestor(tx: &Tx<'_>, ancestor: u64, dir: u64) -> Step<bool> {
     Ok(ancestor == ROOT_OBJ)
 }
 
+/// The entry a rename moves: `entry` at `slot` of `parent`, going to `new_name` in
+/// `new_parent`.
+struct Moving<'a> {
+    parent: u64,
+    slot: u64,
+    entry: Dirent,
+    new_parent: u64,
+    new_name: &'a [u8],
+    now: Timestamp,
+}
+
+fn dirent_key(dir: u64, slot: u64) -> LogicalKey {
+    LogicalKey {
+        obj: dir,
+        rtype: rtype::DIRENT,
+        key: slot,
+    }
+}
+
+/// RENAME_EXCHANGE: the two entries swap objects; both stay, link counts follow the
+/// directories that moved.
+fn exchange_entries(
+    tx: &mut Tx<'_>,
+    m: &Moving<'_>,
+    name: &[u8],
+    target_slot: u64,
+    target_entry: Dirent,
+) -> Step<()> {
+    let src_is_dir = m.entry.kind == kind::DIR;
+    let target_is_dir = target_entry.kind == kind::DIR;
+    if target_is_dir && m.parent != m.new_parent && is_ancestor(tx, target_entry.child, m.parent)? {
+        return fail(libc::EINVAL);
+    }
+    let a = Dirent {
+        child: target_entry.child,
+        kind: target_entry.kind,
+        name: name.to_vec(),
+    };
+    let b = Dirent {
+        child: m.entry.child,
+        kind: m.entry.kind,
+        name: m.new_name.to_vec(),
+    };
+    put(tx, dirent_key(m.parent, m.slot), Some(Arc::new(a.encode())))?;
+    put(
+        tx,
+        dirent_key(m.new_parent, target_slot),
+        Some(Arc::new(b.encode())),
+    )?;
+    let links = |moving_in: bool, moving_out: bool| (moving_in as i32) - (moving_out as i32);
+    if m.parent != m.new_parent {
+        touch_dir(tx, m.parent, 0, links(target_is_dir, src_is_dir), m.now)?;
+        touch_dir(tx, m.new_parent, 0, links(src_is_dir, target_is_dir), m.now)?;
+    } else {
+        touch_dir(tx, m.parent, 0, 0, m.now)?;
+    }
+    for (child, new_home) in [
+        (m.entry.child, m.new_parent),
+        (target_entry.child, m.parent),
+    ] {
+        let mut inode = load_inode(tx, child)?;
+        inode.ctime = m.now;
+        if inode.is_dir() {
+            inode.parent_hint = new_home;
+        }
+        store_inode(tx, child, &inode)?;
+    }
+    Ok(())
+}
+
+/// An ordinary rename: the entry moves, replacing `target` (its slot reused, its object
+/// losing a link) unless `noreplace`.
+fn move_entry(
+    tx: &mut Tx<'_>,
+    m: &Moving<'_>,
+    target: Option<(u64, Dirent)>,
+    noreplace: bool,
+    target_open: bool,
+) -> Step<()> {
+    let src_is_dir = m.entry.kind == kind::DIR;
+    let mut target_slot = None;
+    if let Some((existing_slot, target_entry)) = target {
+        if noreplace {
+            return fail(libc::EEXIST);
+        }
+        if target_entry.child == m.entry.child {
+            return Ok(()); // Two links to the same object: POSIX says do nothing.
+        }
+        let target_is_dir = target_entry.kind == kind::DIR;
+        if src_is_dir && !target_is_dir {
+            return fail(libc::ENOTDIR);
+        }
+        if !src_is_dir && target_is_dir {
+            return fail(libc::EISDIR);
+        }
+        if target_is_dir && !is_empty_dir(tx, target_entry.child)? {
+            return fail(libc::ENOTEMPTY);
+        }
+        drop_link(tx, target_entry.child, target_open, m.now)?;
+        touch_dir(
+            tx,
+            m.new_parent,
+            -1,
+            if target_is_dir { -1 } else { 0 },
+            m.now,
+        )?;
+        target_slot = Some(existing_slot);
+    }
+    put(tx, dirent_key(m.parent, m.slot), None)?;
+    let new_slot = match target_slot {
+        Some(s) => s,
+        None => free_slot(tx, m.new_parent, rtype::DIRENT, m.new_name)?,
+    };
+    let moved = Dirent {
+        child: m.entry.child,
+        kind: m.entry.kind,
+        name: m.new_name.to_vec(),
+    };
+    put(
+        tx,
+        dirent_key(m.new_parent, new_slot),
+        Some(Arc::new(moved.encode())),
+    )?;
+    let dir_links = if src_is_dir { 1 } else { 0 };
+    touch_dir(tx, m.parent, -1, -dir_links, m.now)?;
+    touch_dir(tx, m.new_parent, 1, dir_links, m.now)?;
+    let mut inode = load_inode(tx, m.entry.child)?;
+    inode.ctime = m.now;
+    if src_is_dir {
+        inode.parent_hint = m.new_parent;
+    }
+    store_inode(tx, m.entry.child, &inode)
+}
+
 fn touch_dir(
     tx: &mut Tx<'_>,
     dir: u64,
@@ -725,108 +859,22 @@ impl Filesystem {
             if new_parent_inode.nlink == 0 {
                 return fail(libc::ENOENT);
             }
-            let now = Timestamp::now();
-            let dirent_key = |dir: u64, slot: u64| LogicalKey {
-                obj: dir,
-                rtype: rtype::DIRENT,
-                key: slot,
+            let moving = Moving {
+                parent,
+                slot,
+                entry,
+                new_parent,
+                new_name,
+                now: Timestamp::now(),
             };
             if flags.exchange {
                 let Some((target_slot, target_entry)) = target else {
                     return fail(libc::ENOENT);
                 };
-                let target_is_dir = target_entry.kind == kind::DIR;
-                if target_is_dir
-                    && parent != new_parent
-                    && is_ancestor(tx, target_entry.child, parent)?
-                {
-                    return fail(libc::EINVAL);
-                }
-                let a = Dirent {
-                    child: target_entry.child,
-                    kind: target_entry.kind,
-                    name: name.to_vec(),
-                };
-                let b = Dirent {
-                    child: entry.child,
-                    kind: entry.kind,
-                    name: new_name.to_vec(),
-                };
-                put(tx, dirent_key(parent, slot), Some(Arc::new(a.encode())))?;
-                put(
-                    tx,
-                    dirent_key(new_parent, target_slot),
-                    Some(Arc::new(b.encode())),
-                )?;
-                let links =
-                    |moving_in: bool, moving_out: bool| (moving_in as i32) - (moving_out as i32);
-                if parent != new_parent {
-                    touch_dir(tx, parent, 0, links(target_is_dir, src_is_dir), now)?;
-                    touch_dir(tx, new_parent, 0, links(src_is_dir, target_is_dir), now)?;
-                } else {
-                    touch_dir(tx, parent, 0, 0, now)?;
-                }
-                for (child, new_home) in [(entry.child, new_parent), (target_entry.child, parent)] {
-                    let mut inode = load_inode(tx, child)?;
-                    inode.ctime = now;
-                    if inode.is_dir() {
-                        inode.parent_hint = new_home;
-                    }
-                    store_inode(tx, child, &inode)?;
-                }
-                return Ok(());
+                return exchange_entries(tx, &moving, name, target_slot, target_entry);
             }
-            let mut target_slot = None;
-            if let Some((existing_slot, target_entry)) = target {
-                if flags.noreplace {
-                    return fail(libc::EEXIST);
-                }
-                if target_entry.child == entry.child {
-                    return Ok(()); // Two links to the same object: POSIX says do nothing.
-                }
-                let target_is_dir = target_entry.kind == kind::DIR;
-                if src_is_dir && !target_is_dir {
-                    return fail(libc::ENOTDIR);
-                }
-                if !src_is_dir && target_is_dir {
-                    return fail(libc::EISDIR);
-                }
-                if target_is_dir && !is_empty_dir(tx, target_entry.child)? {
-                    return fail(libc::ENOTEMPTY);
-                }
-                drop_link(
-                    tx,
-                    target_entry.child,
-                    self.is_open(target_entry.child),
-                    now,
-                )?;
-                touch_dir(tx, new_parent, -1, if target_is_dir { -1 } else { 0 }, now)?;
-                target_slot = Some(existing_slot);
-            }
-            put(tx, dirent_key(parent, slot), None)?;
-            let new_slot = match target_slot {
-                Some(s) => s,
-                None => free_slot(tx, new_parent, rtype::DIRENT, new_name)?,
-            };
-            let moved = Dirent {
-                child: entry.child,
-                kind: entry.kind,
-                name: new_name.to_vec(),
-            };
-            put(
-                tx,
-                dirent_key(new_parent, new_slot),
-                Some(Arc::new(moved.encode())),
-            )?;
-            let dir_links = if src_is_dir { 1 } else { 0 };
-            touch_dir(tx, parent, -1, -dir_links, now)?;
-            touch_dir(tx, new_parent, 1, dir_links, now)?;
-            let mut inode = load_inode(tx, entry.child)?;
-            inode.ctime = now;
-            if src_is_dir {
-                inode.parent_hint = new_parent;
-            }
-            store_inode(tx, entry.child, &inode)
+            let target_open = target.as_ref().is_some_and(|(_, t)| self.is_open(t.child));
+            move_entry(tx, &moving, target, flags.noreplace, target_open)
         })
     }
 
