@@ -629,12 +629,15 @@ impl Volume {
             }
             let first = &extents[order[start]];
             let last = &extents[order[end - 1]];
-            let run_bytes = (last.offset + last.stored_bytes as u64 - first.offset) as usize;
+            // Whole blocks, into a reused block-aligned buffer: an O_DIRECT device reads
+            // straight into it, with no zeroing, no bounce buffer and no copy out of one.
+            let run_bytes = (last.offset + last.allocated_bytes() - first.offset) as usize;
             let in_bounds = self.extent_in_bounds(first) && self.extent_in_bounds(last);
-            let mut buffer = vec![0u8; run_bytes];
+            let mut scratch = RUN_BUFFER.take();
+            let buffer = aligned_scratch(&mut scratch, run_bytes);
             let read = if in_bounds {
                 self.device
-                    .read_at(&mut buffer, first.offset)
+                    .read_at(buffer, first.offset)
                     .map_err(Error::from)
             } else {
                 Err(Error::corrupt(
@@ -659,6 +662,7 @@ impl Volume {
                     Err(_) => self.read_extent(extent),
                 });
             }
+            RUN_BUFFER.set(scratch);
             start = end;
         }
         out.into_iter()
@@ -1348,6 +1352,22 @@ pub fn extent_location(extent: &ExtentRef) -> String {
         "extent at byte {} ({} bytes)",
         extent.offset, extent.stored_bytes
     )
+}
+
+thread_local! {
+    /// The buffer merged extent runs are read into, kept per thread between reads.
+    static RUN_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A `len`-byte, 4 KiB-aligned slice of `scratch`, grown as needed (never shrunk below the
+/// longest run, at most `RUN_BYTES_MAX` plus a block or so).
+fn aligned_scratch(scratch: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    const ALIGN: usize = BLOCK_BYTES as usize;
+    if scratch.len() < len + ALIGN {
+        *scratch = vec![0u8; len + ALIGN];
+    }
+    let start = scratch.as_ptr().align_offset(ALIGN);
+    &mut scratch[start..start + len]
 }
 
 /// Where a commit put its space map.
