@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 type Dump = BTreeMap<String, String>;
 type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
-type Action = Box<dyn Fn(&Filesystem) -> anvil::Result<()>>;
+type Action = Box<dyn Fn(&Filesystem) -> anvil::Result<()> + Send + Sync>;
 
 /// A canonical description of everything visible: paths, kinds, modes, links, contents,
 /// symlink targets and xattrs.
@@ -130,7 +130,7 @@ enum Step {
     Fsync,
 }
 
-fn op(f: impl Fn(&Filesystem) -> anvil::Result<()> + 'static) -> Step {
+fn op(f: impl Fn(&Filesystem) -> anvil::Result<()> + Send + Sync + 'static) -> Step {
     Step::Op(Box::new(f))
 }
 
@@ -431,74 +431,108 @@ fn reference(image: &[u8], steps: &[Step]) -> Reference {
     }
 }
 
+/// Threads crash states are checked on: `ANVIL_CRASH_THREADS`, else every CPU.
+fn threads() -> usize {
+    std::env::var("ANVIL_CRASH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
 #[test]
 fn crash_at_every_write() {
     let image = fresh_image();
-    let mut crash_states = 0;
+    let started = std::time::Instant::now();
+    let crash_states = std::sync::atomic::AtomicUsize::new(0);
+    let threads = threads();
     for (name, steps) in workloads() {
         let reference = reference(&image, &steps);
-        for cut in 0..=reference.writes_total {
-            let device = Arc::new(CrashDevice::new(image.clone()));
-            device.cut_power_after(cut);
-            let (done, durable) = {
-                let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
-                run(&fs, &steps)
-            };
-            let modes = [
-                CrashMode::DropAll,
-                CrashMode::Prefix(device.pending_writes() / 2),
-                CrashMode::Subset(cut * 7 + 1),
-                CrashMode::Subset(cut * 7 + 2),
-                CrashMode::Torn(cut * 13 + 5),
-                CrashMode::Torn(cut * 13 + 6),
-            ];
-            for mode in modes {
-                crash_states += 1;
-                let crashed = device.crash_image(mode);
-                let context = format!("{name}: power cut after write {cut}, {mode:?}");
-                let recovered = Arc::new(MemDevice::from_bytes(crashed));
-                let fs = match Filesystem::open(recovered as Arc<dyn Device>, options()) {
-                    Ok(fs) => fs,
-                    Err(e) => panic!("{context}: volume does not open: {e}"),
-                };
-                let report = anvil::check::check(fs.volume()).unwrap();
-                assert!(report.is_clean(), "{context}: check: {:?}", report.problems);
-                let state = dump(&fs);
-                let matches: Vec<usize> = (durable..=done.min(steps.len()))
-                    .filter(|&i| reference.dumps[i] == state)
-                    .collect();
-                assert!(
-                    !matches.is_empty(),
-                    "{context}: state matches no step in {durable}..={done}: {state:#?}"
-                );
-                let committed = fs.volume().committed_tid();
-                for (tid, expected) in &reference.commits {
-                    if *tid < committed {
-                        assert_eq!(&dump_at(&fs, *tid), expected, "{context}: as-of view {tid}");
+        // Cuts are independent: each thread takes every `threads`-th one.
+        std::thread::scope(|scope| {
+            for first in 0..threads as u64 {
+                let (name, steps, reference, image) = (&name, &steps, &reference, &image);
+                let crash_states = &crash_states;
+                scope.spawn(move || {
+                    let mut cut = first;
+                    while cut <= reference.writes_total {
+                        let states = crash_at(name, steps, reference, image, cut);
+                        crash_states.fetch_add(states, std::sync::atomic::Ordering::Relaxed);
+                        cut += threads as u64;
                     }
-                }
-                // Every snapshot acknowledged before the power cut is listed, at its TID.
-                let listed = fs.snapshots().unwrap();
-                for (label, tid, index) in &reference.snapshots {
-                    if *index < durable {
-                        assert!(
-                            listed.iter().any(|s| &s.label == label && s.tid == *tid),
-                            "{context}: snapshot {label} at {tid} lost: {listed:?}"
-                        );
-                    }
-                }
-                // The recovered volume keeps working.
-                fs.write_file("/after-crash", b"ok").unwrap();
-                fs.sync().unwrap();
+                });
+            }
+        });
+    }
+    let crash_states = crash_states.into_inner();
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "crash states checked: {crash_states} in {seconds:.1} s ({:.0}/s, {threads} threads)",
+        crash_states as f64 / seconds
+    );
+    assert!(crash_states > 500);
+}
+
+/// Runs `steps` with the power cut after device write `cut`, then checks the image built
+/// each way a crash can leave it. Returns the number of crash states checked.
+fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &[u8], cut: u64) -> usize {
+    let device = Arc::new(CrashDevice::new(image.to_vec()));
+    device.cut_power_after(cut);
+    let (done, durable) = {
+        let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+        run(&fs, steps)
+    };
+    let modes = [
+        CrashMode::DropAll,
+        CrashMode::Prefix(device.pending_writes() / 2),
+        CrashMode::Subset(cut * 7 + 1),
+        CrashMode::Subset(cut * 7 + 2),
+        CrashMode::Torn(cut * 13 + 5),
+        CrashMode::Torn(cut * 13 + 6),
+    ];
+    for mode in modes {
+        let crashed = device.crash_image(mode);
+        let context = format!("{name}: power cut after write {cut}, {mode:?}");
+        let recovered = Arc::new(MemDevice::from_bytes(crashed));
+        let fs = match Filesystem::open(recovered as Arc<dyn Device>, options()) {
+            Ok(fs) => fs,
+            Err(e) => panic!("{context}: volume does not open: {e}"),
+        };
+        let report = anvil::check::check(fs.volume()).unwrap();
+        assert!(report.is_clean(), "{context}: check: {:?}", report.problems);
+        let state = dump(&fs);
+        let matches: Vec<usize> = (durable..=done.min(steps.len()))
+            .filter(|&i| reference.dumps[i] == state)
+            .collect();
+        assert!(
+            !matches.is_empty(),
+            "{context}: state matches no step in {durable}..={done}: {state:#?}"
+        );
+        let committed = fs.volume().committed_tid();
+        for (tid, expected) in &reference.commits {
+            if *tid < committed {
+                assert_eq!(&dump_at(&fs, *tid), expected, "{context}: as-of view {tid}");
+            }
+        }
+        // Every snapshot acknowledged before the power cut is listed, at its TID.
+        let listed = fs.snapshots().unwrap();
+        for (label, tid, index) in &reference.snapshots {
+            if *index < durable {
                 assert!(
-                    anvil::check::check(fs.volume()).unwrap().is_clean(),
-                    "{context}: after write"
+                    listed.iter().any(|s| &s.label == label && s.tid == *tid),
+                    "{context}: snapshot {label} at {tid} lost: {listed:?}"
                 );
             }
         }
+        // The recovered volume keeps working.
+        fs.write_file("/after-crash", b"ok").unwrap();
+        fs.sync().unwrap();
+        assert!(
+            anvil::check::check(fs.volume()).unwrap().is_clean(),
+            "{context}: after write"
+        );
     }
-    eprintln!("crash states checked: {crash_states}");
-    assert!(crash_states > 500);
+    modes.len()
 }
 
 #[test]
