@@ -151,6 +151,9 @@ pub enum Payload {
 
 /// Largest inline payload; keeps any element well below a quarter of a node.
 pub const INLINE_BYTES_MAX: usize = 3 * 1024;
+/// Longest symlink target: Linux's PATH_MAX (4096) less the terminating NUL, as the kernel
+/// file systems allow. Targets longer than `INLINE_BYTES_MAX` are stored as an extent.
+pub const SYMLINK_BYTES_MAX: usize = 4095;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Element {

@@ -37,9 +37,7 @@ use std::time::Duration;
 
 /// Largest file size (the last chunk key must fit in u64 with room to spare).
 pub const FILE_BYTES_MAX: u64 = 1 << 60;
-/// Longest symlink target: Linux's PATH_MAX (4096) less the terminating NUL, as the kernel
-/// file systems allow. Targets longer than a leaf's inline limit are stored as an extent.
-pub const SYMLINK_BYTES_MAX: usize = 4095;
+pub use crate::format::record::SYMLINK_BYTES_MAX;
 const LINKS_MAX: u32 = 65000;
 
 pub struct Filesystem {

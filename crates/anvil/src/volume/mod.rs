@@ -1324,7 +1324,7 @@ fn log_entry_is_valid(entry: &LogEntry) -> bool {
     let len = entry.value.as_ref().map_or(0, Vec::len);
     let limit = match entry.lk.rtype {
         rtype::DATA | rtype::PATCH => crate::format::record::DATA_CHUNK_BYTES as usize,
-        rtype::SYMLINK => crate::fs::SYMLINK_BYTES_MAX,
+        rtype::SYMLINK => crate::format::record::SYMLINK_BYTES_MAX,
         rtype::INODE..=rtype::COMMIT => INLINE_BYTES_MAX,
         _ => return false,
     };
