@@ -304,7 +304,8 @@ fn build_internal(
 /// Merges every child this commit left under `MERGE_BELOW_BYTES` with a neighbour (the left
 /// one where there is one), re-splitting the pair evenly if it does not fit one node. Only
 /// rewritten children are measured, so a commit reads at most one untouched neighbour per
-/// underfull node; nodes a commit never touches keep their fill.
+/// underfull node; nodes a commit never touches keep their fill. Merging two internal
+/// nodes rebalances their children again, for an underfull child that was the only one.
 fn rebalance(ctx: &mut CommitContext<'_>, level: u8, children: &mut Vec<Child>) -> Result<()> {
     let mut index = 0;
     while index < children.len() && children.len() > 1 {
@@ -326,7 +327,20 @@ fn rebalance(ctx: &mut CommitContext<'_>, level: u8, children: &mut Vec<Child>) 
                 write_leaves(ctx, x.iter().chain(y.iter()).cloned().collect())?
             }
             (Node::Internal { children: x, .. }, Node::Internal { children: y, .. }) => {
-                build_internal(ctx, level, x.iter().chain(y.iter()).copied().collect())?
+                // A child this commit left under the threshold as its parent's only child
+                // could not be merged there; next to its new siblings it can.
+                let mut grandchildren: Vec<Child> = x
+                    .iter()
+                    .chain(y.iter())
+                    .map(|&(first, address)| Child {
+                        first,
+                        address,
+                        fill: ctx.fresh.get(&address).map(|n| n.payload_bytes()),
+                    })
+                    .collect();
+                rebalance(ctx, level - 1, &mut grandchildren)?;
+                let entries = grandchildren.iter().map(|c| (c.first, c.address)).collect();
+                build_internal(ctx, level, entries)?
             }
             _ => {
                 return Err(Error::corrupt(
@@ -368,6 +382,32 @@ fn split_even<T>(items: Vec<T>, size: impl Fn(&T) -> usize, capacity: usize) -> 
     if !current.is_empty() {
         out.push(current);
     }
+    // Greedy grouping of large items can leave a small last group (a group closed early
+    // because the next item did not fit pushes the remainder into one more group): share
+    // the last two evenly instead, so no group of several is under a third full.
+    if out.len() >= 2 {
+        let last_bytes: usize = out[out.len() - 1].iter().map(&size).sum();
+        if last_bytes * 3 < capacity {
+            let tail = out.pop().expect("two groups");
+            let mut pair = out.pop().expect("two groups");
+            pair.extend(tail);
+            let half = pair.iter().map(&size).sum::<usize>() / 2;
+            let mut bytes = 0;
+            let cut = pair
+                .iter()
+                .position(|item| {
+                    let reached = bytes >= half;
+                    bytes += size(item);
+                    reached
+                })
+                .unwrap_or(pair.len());
+            let second = pair.split_off(cut);
+            out.push(pair);
+            if !second.is_empty() {
+                out.push(second);
+            }
+        }
+    }
     out
 }
 
@@ -383,6 +423,28 @@ mod tests {
             assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), n);
             for g in &groups {
                 assert!(g.iter().sum::<usize>() <= 1000);
+            }
+        }
+    }
+
+    #[test]
+    fn split_even_leaves_no_small_group_among_several() {
+        // Large items (up to a tenth of a group) in every count and mix: every group fits,
+        // and when there are several none is under a third full.
+        for n in 1..400usize {
+            for seed in 0..4usize {
+                let items: Vec<usize> = (0..n).map(|i| 20 + (i * 37 + seed * 11) % 81).collect();
+                let groups = split_even(items, |x| *x, 1000);
+                assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), n);
+                for g in &groups {
+                    let bytes: usize = g.iter().sum();
+                    assert!(bytes <= 1000, "n {n} seed {seed}: {bytes}");
+                    assert!(
+                        groups.len() == 1 || bytes * 3 >= 1000,
+                        "n {n} seed {seed}: a group of {bytes} among {}",
+                        groups.len()
+                    );
+                }
             }
         }
     }
