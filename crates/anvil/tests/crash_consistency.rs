@@ -5,7 +5,7 @@
 //! older than the last acknowledged sync or fsync, and still read every earlier commit
 //! (as-of views) exactly as it was.
 
-use anvil::device::{CrashDevice, CrashMode, Device, MemDevice};
+use anvil::device::{CrashDevice, CrashMode, Device, MemDevice, Pages};
 use anvil::fs::{Caller, RenameFlags, SetAttr};
 use anvil::{Error, Filesystem, MountOptions};
 use std::collections::BTreeMap;
@@ -363,10 +363,10 @@ fn options() -> MountOptions {
     }
 }
 
-fn fresh_image() -> Vec<u8> {
+fn fresh_image() -> Pages {
     let device = Arc::new(MemDevice::new(0));
     Filesystem::mkfs(device.clone(), 32 << 20, "crash").unwrap();
-    device.to_bytes()
+    device.pages()
 }
 
 struct Reference {
@@ -400,8 +400,8 @@ fn run(fs: &Filesystem, steps: &[Step]) -> (usize, usize) {
     (steps.len(), durable)
 }
 
-fn reference(image: &[u8], steps: &[Step]) -> Reference {
-    let device = Arc::new(CrashDevice::new(image.to_vec()));
+fn reference(image: &Pages, steps: &[Step]) -> Reference {
+    let device = Arc::new(CrashDevice::from_pages(image.clone()));
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
     let mut dumps = vec![dump(&fs)];
     let mut commits = Vec::new();
@@ -475,8 +475,8 @@ fn crash_at_every_write() {
 
 /// Runs `steps` with the power cut after device write `cut`, then checks the image built
 /// each way a crash can leave it. Returns the number of crash states checked.
-fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &[u8], cut: u64) -> usize {
-    let device = Arc::new(CrashDevice::new(image.to_vec()));
+fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &Pages, cut: u64) -> usize {
+    let device = Arc::new(CrashDevice::from_pages(image.clone()));
     device.cut_power_after(cut);
     let (done, durable) = {
         let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
@@ -491,9 +491,9 @@ fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &[u8], cut
         CrashMode::Torn(cut * 13 + 6),
     ];
     for mode in modes {
-        let crashed = device.crash_image(mode);
+        let crashed = device.crash_pages(mode);
         let context = format!("{name}: power cut after write {cut}, {mode:?}");
-        let recovered = Arc::new(MemDevice::from_bytes(crashed));
+        let recovered = Arc::new(MemDevice::from_pages(crashed));
         let fs = match Filesystem::open(recovered as Arc<dyn Device>, options()) {
             Ok(fs) => fs,
             Err(e) => panic!("{context}: volume does not open: {e}"),
@@ -539,7 +539,7 @@ fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &[u8], cut
 fn failed_fsync_is_reported_and_volume_goes_read_only() {
     use anvil::device::{Fault, FaultDevice};
     let image = fresh_image();
-    let inner = Arc::new(MemDevice::from_bytes(image));
+    let inner = Arc::new(MemDevice::from_pages(image));
     let device = Arc::new(FaultDevice::new(inner.clone()));
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
     fs.write_file("/kept", b"durable").unwrap();

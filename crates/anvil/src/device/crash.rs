@@ -6,7 +6,7 @@
 //! dropped, applied as a subset in any order, or torn at 512-byte sector granularity.
 //! `writes_total` counts writes so a test can stop the workload at every write index.
 
-use super::{out_of_range, Device};
+use super::{out_of_range, Device, Pages};
 use parking_lot::Mutex;
 use std::io;
 
@@ -24,7 +24,7 @@ pub enum CrashMode {
 }
 
 struct Inner {
-    durable: Vec<u8>,
+    durable: Pages,
     pending: Vec<(u64, Vec<u8>)>,
     writes_total: u64,
     flushes_total: u64,
@@ -49,6 +49,11 @@ fn splitmix(state: &mut u64) -> u64 {
 
 impl CrashDevice {
     pub fn new(image: Vec<u8>) -> CrashDevice {
+        CrashDevice::from_pages(Pages::from_vec(&image))
+    }
+
+    /// A device over `image`, sharing its pages (nothing is copied until written).
+    pub fn from_pages(image: Pages) -> CrashDevice {
         CrashDevice {
             inner: Mutex::new(Inner {
                 durable: image,
@@ -80,12 +85,15 @@ impl CrashDevice {
 
     /// The image as it would be found after a power failure now.
     pub fn crash_image(&self, mode: CrashMode) -> Vec<u8> {
+        self.crash_pages(mode).to_vec()
+    }
+
+    /// `crash_image` as pages shared with the durable image: only the pages the surviving
+    /// writes touch are copied.
+    pub fn crash_pages(&self, mode: CrashMode) -> Pages {
         let inner = self.inner.lock();
         let mut image = inner.durable.clone();
-        let apply = |image: &mut Vec<u8>, offset: u64, data: &[u8]| {
-            let start = offset as usize;
-            image[start..start + data.len()].copy_from_slice(data);
-        };
+        let apply = |image: &mut Pages, offset: u64, data: &[u8]| image.write(data, offset);
         match mode {
             CrashMode::DropAll => {}
             CrashMode::Prefix(n) => {
@@ -136,11 +144,11 @@ impl Device for CrashDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let inner = self.inner.lock();
         let size = inner.durable.len() as u64;
-        let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= size);
-        let Some(end) = end else {
+        if !inner.durable.contains(offset, buf.len()) {
             return Err(out_of_range(offset, buf.len(), size));
-        };
-        buf.copy_from_slice(&inner.durable[offset as usize..end as usize]);
+        }
+        let end = offset + buf.len() as u64;
+        inner.durable.read(buf, offset);
         // Reads see the newest bytes: overlay pending writes in order.
         for (write_offset, data) in &inner.pending {
             let write_end = write_offset + data.len() as u64;
@@ -175,8 +183,7 @@ impl Device for CrashDevice {
         Self::powered(&inner)?;
         let pending = std::mem::take(&mut inner.pending);
         for (offset, data) in pending {
-            let start = offset as usize;
-            inner.durable[start..start + data.len()].copy_from_slice(&data);
+            inner.durable.write(&data, offset);
         }
         inner.flushes_total += 1;
         Ok(())
@@ -187,7 +194,7 @@ impl Device for CrashDevice {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.lock().durable.resize(len as usize, 0);
+        self.inner.lock().durable.resize(len as usize);
         Ok(())
     }
 }

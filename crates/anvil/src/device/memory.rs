@@ -1,28 +1,133 @@
 //! An in-memory device for tests: every write is immediately "durable".
+//!
+//! Bytes live in copy-on-write pages (`Pages`), so a copy of a device (`snapshot`) costs a
+//! reference per 64 KiB, not the image: crash tests make thousands of images that differ
+//! from one base in a few blocks.
 
 use super::{out_of_range, Device};
 use parking_lot::RwLock;
 use std::io;
+use std::sync::{Arc, OnceLock};
+
+const PAGE_BYTES: usize = 64 << 10;
+
+fn zero_page() -> Arc<Vec<u8>> {
+    static ZERO: OnceLock<Arc<Vec<u8>>> = OnceLock::new();
+    ZERO.get_or_init(|| Arc::new(vec![0; PAGE_BYTES])).clone()
+}
+
+/// Bytes in shared, copy-on-write pages. Cloning shares every page; a write copies only
+/// the pages it touches.
+#[derive(Clone, Default)]
+pub struct Pages {
+    len: usize,
+    pages: Vec<Arc<Vec<u8>>>,
+}
+
+impl Pages {
+    pub fn zeroed(len: usize) -> Pages {
+        let mut pages = Pages::default();
+        pages.resize(len);
+        pages
+    }
+
+    pub fn from_vec(bytes: &[u8]) -> Pages {
+        let mut pages = Pages::zeroed(bytes.len());
+        pages.write(bytes, 0);
+        pages
+    }
+
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0; self.len];
+        self.read(&mut out, 0);
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `[offset, offset + len)` lies inside.
+    pub fn contains(&self, offset: u64, len: usize) -> bool {
+        offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.len as u64)
+    }
+
+    /// Copies `buf.len()` bytes from `offset`; the range must lie inside.
+    pub fn read(&self, buf: &mut [u8], offset: u64) {
+        let mut at = offset as usize;
+        let mut done = 0;
+        while done < buf.len() {
+            let (page, within) = (at / PAGE_BYTES, at % PAGE_BYTES);
+            let take = (PAGE_BYTES - within).min(buf.len() - done);
+            buf[done..done + take].copy_from_slice(&self.pages[page][within..within + take]);
+            done += take;
+            at += take;
+        }
+    }
+
+    /// Writes `buf` at `offset`, copying the pages it touches if they are shared; the range
+    /// must lie inside.
+    pub fn write(&mut self, buf: &[u8], offset: u64) {
+        let mut at = offset as usize;
+        let mut done = 0;
+        while done < buf.len() {
+            let (page, within) = (at / PAGE_BYTES, at % PAGE_BYTES);
+            let take = (PAGE_BYTES - within).min(buf.len() - done);
+            Arc::make_mut(&mut self.pages[page])[within..within + take]
+                .copy_from_slice(&buf[done..done + take]);
+            done += take;
+            at += take;
+        }
+    }
+
+    pub fn resize(&mut self, len: usize) {
+        if len < self.len {
+            // Bytes past the new end read as zeros if the pages grow back.
+            let keep = len.div_ceil(PAGE_BYTES);
+            self.pages.truncate(keep);
+            if len % PAGE_BYTES != 0 {
+                if let Some(last) = self.pages.last_mut() {
+                    Arc::make_mut(last)[len % PAGE_BYTES..].fill(0);
+                }
+            }
+        }
+        self.pages.resize(len.div_ceil(PAGE_BYTES), zero_page());
+        self.len = len;
+    }
+}
 
 #[derive(Default)]
 pub struct MemDevice {
-    bytes: RwLock<Vec<u8>>,
+    bytes: RwLock<Pages>,
 }
 
 impl MemDevice {
     pub fn new(len: u64) -> MemDevice {
-        MemDevice {
-            bytes: RwLock::new(vec![0; len as usize]),
-        }
+        MemDevice::from_pages(Pages::zeroed(len as usize))
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> MemDevice {
+        MemDevice::from_pages(Pages::from_vec(&bytes))
+    }
+
+    pub fn from_pages(pages: Pages) -> MemDevice {
         MemDevice {
-            bytes: RwLock::new(bytes),
+            bytes: RwLock::new(pages),
         }
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
+        self.bytes.read().to_vec()
+    }
+
+    /// The current bytes, sharing pages with this device (copy-on-write both ways).
+    pub fn pages(&self) -> Pages {
         self.bytes.read().clone()
     }
 }
@@ -30,25 +135,19 @@ impl MemDevice {
 impl Device for MemDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let bytes = self.bytes.read();
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= bytes.len() as u64);
-        let Some(end) = end else {
+        if !bytes.contains(offset, buf.len()) {
             return Err(out_of_range(offset, buf.len(), bytes.len() as u64));
-        };
-        buf.copy_from_slice(&bytes[offset as usize..end as usize]);
+        }
+        bytes.read(buf, offset);
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut bytes = self.bytes.write();
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= bytes.len() as u64);
-        let Some(end) = end else {
+        if !bytes.contains(offset, buf.len()) {
             return Err(out_of_range(offset, buf.len(), bytes.len() as u64));
-        };
-        bytes[offset as usize..end as usize].copy_from_slice(buf);
+        }
+        bytes.write(buf, offset);
         Ok(())
     }
 
@@ -61,7 +160,43 @@ impl Device for MemDevice {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.bytes.write().resize(len as usize, 0);
+        self.bytes.write().resize(len as usize);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_read_write_resize_and_share() {
+        let mut a = Pages::from_vec(&(0..200_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let b = a.clone();
+        a.write(&[7; 70_000], 60_000); // spans three pages
+        let mut got = vec![0; 200_000];
+        a.read(&mut got, 0);
+        for (i, byte) in got.iter().enumerate() {
+            let want = if (60_000..130_000).contains(&i) {
+                7
+            } else {
+                i as u8
+            };
+            assert_eq!(*byte, want, "byte {i}");
+        }
+        // The clone kept its own bytes.
+        assert_eq!(
+            b.to_vec(),
+            (0..200_000u32).map(|i| i as u8).collect::<Vec<_>>()
+        );
+        a.resize(100_001);
+        a.resize(150_000);
+        let mut tail = vec![1; 49_999];
+        a.read(&mut tail, 100_001);
+        assert!(
+            tail.iter().all(|&x| x == 0),
+            "bytes past a shrink come back as zeros"
+        );
+        assert!(!a.contains(149_999, 2) && a.contains(149_999, 1));
     }
 }
