@@ -400,7 +400,8 @@ fn split_even<T>(items: Vec<T>, size: impl Fn(&T) -> usize, capacity: usize) -> 
                     bytes += size(item);
                     reached
                 })
-                .unwrap_or(pair.len());
+                .unwrap_or(pair.len())
+                .max(1); // never an empty first group, whatever the sizes
             let second = pair.split_off(cut);
             out.push(pair);
             if !second.is_empty() {
