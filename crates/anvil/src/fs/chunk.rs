@@ -13,7 +13,7 @@
 use super::{chunk_key, put};
 use crate::btree::{Step, Stop};
 use crate::error::{Error, Result};
-use crate::format::record::{patch, rtype, LogicalKey, DATA_CHUNK_BYTES};
+use crate::format::record::{inode_flags, patch, rtype, Inode, LogicalKey, DATA_CHUNK_BYTES};
 use crate::volume::{Tx, Value};
 use std::sync::Arc;
 
@@ -47,6 +47,16 @@ pub(crate) type PatchesByChunk = std::collections::HashMap<u64, Vec<ResolvedPatc
 pub(super) struct Policy {
     pub nohistory: bool,
     pub codec: u8,
+}
+
+impl Policy {
+    /// The settings an object's inode gives its data.
+    pub fn of(inode: &Inode) -> Policy {
+        Policy {
+            nohistory: inode.flags & inode_flags::NOHISTORY != 0,
+            codec: inode.codec(),
+        }
+    }
 }
 
 pub(super) fn patch_lk(obj: u64, key: u64) -> LogicalKey {

@@ -724,15 +724,7 @@ impl Filesystem {
                 kind: mode & kind::MASK,
                 name: name.to_vec(),
             };
-            put(
-                tx,
-                LogicalKey {
-                    obj: parent,
-                    rtype: rtype::DIRENT,
-                    key: slot,
-                },
-                Some(Arc::new(entry.encode())),
-            )?;
+            put(tx, dirent_key(parent, slot), Some(Arc::new(entry.encode())))?;
             touch_dir(tx, parent, 1, if is_dir { 1 } else { 0 }, now)?;
             Ok(Attr::from_inode(obj, &inode))
         })
@@ -767,11 +759,7 @@ impl Filesystem {
             };
             put(
                 tx,
-                LogicalKey {
-                    obj: new_parent,
-                    rtype: rtype::DIRENT,
-                    key: slot,
-                },
+                dirent_key(new_parent, slot),
                 Some(Arc::new(entry.encode())),
             )?;
             touch_dir(tx, new_parent, 1, 0, now)?;
@@ -810,15 +798,7 @@ impl Filesystem {
                 return fail(libc::ENOTEMPTY);
             }
             let now = Timestamp::now();
-            put(
-                tx,
-                LogicalKey {
-                    obj: parent,
-                    rtype: rtype::DIRENT,
-                    key: slot,
-                },
-                None,
-            )?;
+            put(tx, dirent_key(parent, slot), None)?;
             touch_dir(tx, parent, -1, if is_dir { -1 } else { 0 }, now)?;
             drop_link(tx, entry.child, self.is_open(entry.child), now)
         })
@@ -1047,9 +1027,7 @@ impl Filesystem {
             if inode.is_dir() {
                 return fail(libc::EISDIR);
             }
-            let nohistory = inode.flags & inode_flags::NOHISTORY != 0;
-            let codec = inode.codec();
-            let policy = chunk::Policy { nohistory, codec };
+            let policy = chunk::Policy::of(&inode);
             let first = offset / DATA_CHUNK_BYTES;
             let last = (end - 1) / DATA_CHUNK_BYTES;
             for index in first..=last {
@@ -1093,7 +1071,12 @@ impl Filesystem {
                 // The chunk is rewritten whole: its patches are part of it now.
                 chunk::drop_patches(tx, ino, index, index)?;
                 // The inode is at hand: no need for `put` to look the flag up per chunk.
-                tx.put_with(lk, Some(Arc::new(new_chunk)), nohistory, codec)?;
+                tx.put_with(
+                    lk,
+                    Some(Arc::new(new_chunk)),
+                    policy.nohistory,
+                    policy.codec,
+                )?;
             }
             let now = Timestamp::now();
             inode.size = inode.size.max(end);
@@ -1118,11 +1101,7 @@ impl Filesystem {
                 Ok(_) | Err(Stop::Fail(Error::Posix(_))) => return Ok(false),
                 Err(stop) => return Err(stop),
             };
-            let policy = chunk::Policy {
-                nohistory: inode.flags & inode_flags::NOHISTORY != 0,
-                codec: inode.codec(),
-            };
-            chunk::fold(tx, ino, index, policy)
+            chunk::fold(tx, ino, index, chunk::Policy::of(&inode))
         })
     }
 

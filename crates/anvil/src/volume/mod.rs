@@ -865,8 +865,7 @@ impl Volume {
                 let tid = sb.committed_tid;
                 {
                     let mut st = self.state.lock();
-                    self.space.defer(&freed);
-                    old_root.release.lock().extend(freed);
+                    self.retire(&old_root, freed);
                     st.root = Arc::new(RootRef {
                         root: new_root,
                         tid,
@@ -979,6 +978,14 @@ impl Volume {
         self.device.write_at(&sb.encode(), sb.address())?;
         self.device.flush()?;
         Ok((new_root, ctx.freed, sb))
+    }
+
+    /// Hands what a durable commit freed to the root it replaced: the space returns to the
+    /// allocator when that root's last reader lets go, and counts as free in every space map
+    /// written until then.
+    fn retire(&self, old_root: &RootRef, freed: Vec<(u64, u64)>) {
+        self.space.defer(&freed);
+        old_root.release.lock().extend(freed);
     }
 
     /// Writes the free map as it will be once this commit is durable, into space it
@@ -1241,8 +1248,7 @@ impl Volume {
         self.device.flush()?;
         let freed = ctx.freed;
         let mut st = self.state.lock();
-        self.space.defer(&freed);
-        old_root.release.lock().extend(freed);
+        self.retire(&old_root, freed);
         st.root = Arc::new(RootRef {
             root: new_root,
             tid: sb.committed_tid,
