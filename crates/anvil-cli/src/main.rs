@@ -48,7 +48,8 @@ enum Command {
     Mount {
         image: PathBuf,
         dir: PathBuf,
-        /// Options: ro, nohistory, cache=SIZE, commit_interval_ms=N, ttl_ms=N, threads=N.
+        /// Options: ro, nohistory, cache=SIZE, commit_interval_ms=N, ttl_ms=N, threads=N,
+        /// crash_log=on|off (off: a crash of the daemon loses changes since the last fsync).
         #[arg(short = 'o', value_delimiter = ',')]
         options: Vec<String>,
         /// Stay in the foreground.

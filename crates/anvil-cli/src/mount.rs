@@ -99,6 +99,13 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
                     _ => return Err("option worker_sched: idle or normal".to_string()),
                 }
             }
+            "crash_log" => {
+                config.mount.crash_log = match value {
+                    Some("on") => true,
+                    Some("off") => false,
+                    _ => return Err("option crash_log: on or off".to_string()),
+                }
+            }
             "queue_depth" => config.queue_depth = number(value)?.clamp(1, 256) as u16,
             "device_io" => {
                 config.direct_io = match value {

@@ -7,6 +7,10 @@
 //! - `format-v2-nomap`: format version 2 as written before space maps (superblock payload
 //!   ends at the label; mount walks the tree).
 //! - `format-v2`: format version 2 with a space map per commit.
+//! - `format-v3-killed`: format version 3 (the log a ring of per-operation batches), taken
+//!   from a writer that was never closed: after the three commits, changes that only the
+//!   redo log holds (a new directory and file, a small write that the log holds as a
+//!   splice, a rename and a delete). Its manifest adds the state recovery must rebuild.
 //!
 //! Each later format change adds its own pair. To write one with the current build:
 //! `ANVIL_WRITE_FIXTURE=NAME cargo test --release -p anvil --test format_fixture -- --ignored`
@@ -19,7 +23,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const FIXTURES: [&str; 2] = ["format-v2-nomap", "format-v2"];
+const FIXTURES: [&str; 3] = ["format-v2-nomap", "format-v2", "format-v3-killed"];
 const VOLUME_BYTES: u64 = 16 << 20;
 
 fn fixture_dir() -> PathBuf {
@@ -176,7 +180,7 @@ fn every_fixture_reads_back_at_every_tid_and_checks_clean() {
             .map(|t| u64::from_str_radix(t, 16).unwrap())
             .collect();
         assert_eq!(tids.len(), 3, "{name}: manifest lists its TIDs");
-        let got = manifest(&fs, &tids);
+        let got = manifest(&fs, &tids) + &recovered(&fs, name);
         assert_eq!(got, expected, "{name}: contents differ from the manifest");
         let labels: Vec<String> = fs
             .snapshots()
@@ -198,13 +202,37 @@ fn every_fixture_reads_back_at_every_tid_and_checks_clean() {
             fs.volume().space_map_was_read(),
             "{name}: no map after a commit"
         );
-        assert_eq!(manifest(&fs, &tids), expected, "{name} after a write");
+        let got = manifest(&fs, &tids);
+        assert!(expected.starts_with(&got), "{name} after a write");
         let report = anvil::check::check(fs.volume()).unwrap();
         assert!(report.is_clean(), "{name}: {:?}", report.problems);
     }
 }
 
-/// Writes `tests/fixtures/$ANVIL_WRITE_FIXTURE.{img.zst,manifest}` with this build.
+/// For a fixture taken from a killed writer: the state its redo log rebuilt, which the
+/// open that replayed it committed as the newest TID.
+fn recovered(fs: &Filesystem, name: &str) -> String {
+    if !name.ends_with("-killed") {
+        return String::new();
+    }
+    let view = fs.at(fs.volume().committed_tid()).unwrap();
+    format!("recovered\n{}", describe(&view))
+}
+
+/// Changes the log alone holds in a `-killed` fixture.
+fn unlogged_changes(fs: &Filesystem) {
+    fs.mkdir_path("/after").unwrap();
+    fs.write_file("/after/log-only", &bytes(70_000, 9, 50))
+        .unwrap();
+    let ino = fs.resolve("/after/log-only").unwrap();
+    fs.write(ino, 100, b"spliced").unwrap();
+    fs.rename_path("/docs/b.txt", "/after/b.txt").unwrap();
+    fs.remove_path("/deep/x/empty").unwrap();
+}
+
+/// Writes `tests/fixtures/$ANVIL_WRITE_FIXTURE.{img.zst,manifest}` with this build; a name
+/// ending in `-killed` also makes changes after the last commit and takes the image without
+/// closing (as a killed daemon leaves it).
 #[test]
 #[ignore = "writes a fixture; run by hand for a new format version"]
 fn write_fixture() {
@@ -216,11 +244,21 @@ fn write_fixture() {
     Filesystem::mkfs(device.clone(), VOLUME_BYTES, "fixture").unwrap();
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
     let tids = populate(&fs);
-    let text = manifest(&fs, &tids);
-    fs.close().unwrap();
-    drop(fs);
+    let mut text = manifest(&fs, &tids);
+    let killed = name.ends_with("-killed");
+    if killed {
+        unlogged_changes(&fs);
+    } else {
+        fs.close().unwrap();
+    }
     let mut image = vec![0u8; VOLUME_BYTES as usize];
     device.read_at(&mut image, 0).unwrap();
+    drop(fs);
+    if killed {
+        let replayed = Arc::new(MemDevice::from_bytes(image.clone()));
+        let fs = Filesystem::open(replayed as Arc<dyn Device>, options()).unwrap();
+        text += &recovered(&fs, &name);
+    }
     let packed = zstd::encode_all(&image[..], 19).unwrap();
     let dir = fixture_dir();
     std::fs::create_dir_all(&dir).unwrap();

@@ -70,8 +70,11 @@ fn seed_corpus_is_accepted() {
     raw.extend((fuzz_harness::RAW_BLOCK | 3).to_le_bytes());
     raw.extend([0, 0, 2, 0xff, 0xff]);
     let (device, flags) = fuzz_harness::patched_image(&raw);
+    let (pristine, _) = fuzz_harness::patched_image(&[0]);
     let mut bytes = [0u8; 4];
     device.read_at(&mut bytes, 3 * 4096 - 2).unwrap();
-    assert_eq!((flags, bytes), (0, [0, 0, 0xff, 0xff]));
+    let mut before = [0u8; 2];
+    pristine.read_at(&mut before, 3 * 4096 - 2).unwrap();
+    assert_eq!((flags, bytes), (0, [before[0], before[1], 0xff, 0xff]));
     let _ = fuzz_harness::build_seed_image;
 }

@@ -80,6 +80,11 @@ impl<D: Device> Device for FaultDevice<D> {
         self.inner.write_at(buf, offset)
     }
 
+    fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.count(1)?;
+        self.inner.write_staged_at(buf, offset)
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.count(2)?;
         self.inner.flush()

@@ -376,6 +376,18 @@ impl Device for FileDevice {
         result
     }
 
+    fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        // The buffered descriptor: the host keeps the bytes if this process dies, and a
+        // later direct read of the range writes them back first (the kernel keeps the two
+        // paths coherent). `flush` (fdatasync) covers them like any other write.
+        self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.windows.writes.fetch_add(1, Ordering::AcqRel);
+        self.windows.invalidate(offset, buf.len());
+        let result = self.file.write_all_at(buf, offset);
+        self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
+        result
+    }
+
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         if self.direct_file().is_some() {
             // One aligned buffer for the run: one request, as pwritev would make.

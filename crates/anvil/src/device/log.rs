@@ -40,6 +40,15 @@ impl<D: Device> Device for LogDevice<D> {
         log.write_all(buf)
     }
 
+    fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut log = self.log.lock();
+        self.inner.write_staged_at(buf, offset)?;
+        log.write_all(b"W")?;
+        log.write_all(&offset.to_le_bytes())?;
+        log.write_all(&(buf.len() as u32).to_le_bytes())?;
+        log.write_all(buf)
+    }
+
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let mut at = offset;
         for buf in bufs {

@@ -33,6 +33,13 @@ pub trait Device: Send + Sync {
         }
         self.write_at(&joined, offset)
     }
+    /// `write_at` for bytes that must survive a crash of this process as soon as the call
+    /// returns (the redo log): through the host's page cache where the device otherwise
+    /// bypasses it, so the call costs a copy, not a device round trip. Durable, like any
+    /// write, only after the next `flush`.
+    fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)
+    }
     /// Barrier: every write that returned before this call is durable when it returns.
     fn flush(&self) -> io::Result<()>;
     /// Current length in bytes.

@@ -1,6 +1,13 @@
-//! Redo log batches. An fsync appends one batch holding every pending change since the last
-//! batch; recovery replays batches of the current epoch (the superblock's committed TID) in
-//! sequence order and stops at the first invalid one. A batch occupies whole blocks.
+//! Redo log batches. The log is a ring: every change is appended as part of a batch before
+//! the operation that made it returns (through the host's page cache; fsync adds a flush),
+//! and recovery replays, from the superblock's `log_start`, the batches of the superblock's
+//! epoch (its committed TID) and salt in sequence order, then the batches of an epoch that
+//! was being committed when the writer stopped, if that epoch's first batch says it follows
+//! exactly the batches replayed. Replay stops at the first batch that does not fit.
+//!
+//! Format version 3 batches occupy whole 512-byte units and carry the salt and the link to
+//! the epoch they follow; version 2 batches (whole 4096-byte blocks, no salt, no splices)
+//! are still read, for volumes last written by an older build.
 
 use super::coding::{Reader, Writer};
 use super::record::LogicalKey;
@@ -12,14 +19,30 @@ use crate::error::{Error, Result};
 
 /// obj, rtype, key, replaces, value kind: the size of an entry that deletes.
 const LOG_ENTRY_BYTES_MIN: usize = 8 + 1 + 8 + 8 + 1;
+/// Unit of a version-3 batch: a batch occupies a whole number of these, and starts at a
+/// multiple of it. Small, so that a batch per operation costs about what it holds.
+pub const LOG_UNIT_BYTES: u64 = 512;
+/// The first format version whose batches have the layout of this file.
+const RING_VERSION: u16 = 3;
+
+/// What an entry does to its record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogValue {
+    /// The record is deleted.
+    Delete,
+    /// The record's whole new value.
+    Put(Vec<u8>),
+    /// The record's value, already set earlier in the same epoch, changes: it takes length
+    /// `len` (cut, or grown with zeros) and `bytes` are written at `at`.
+    Splice { len: u32, at: u32, bytes: Vec<u8> },
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEntry {
     pub lk: LogicalKey,
     /// create_tid of the committed version this change replaces; 0 when none.
     pub replaces: u64,
-    /// New value; None deletes the record.
-    pub value: Option<Vec<u8>>,
+    pub value: LogValue,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,15 +52,25 @@ pub struct LogBatch {
     /// Position in the epoch, from 0.
     pub seq: u64,
     pub next_obj: u64,
+    /// Chosen at random each time a writer opens the volume and recorded in the superblock:
+    /// batches a previous writer left in the ring never match it. 0 in version-2 batches.
+    pub salt: u64,
+    /// The epoch whose batches this epoch's batches continue (when it is being committed and
+    /// its superblock is not yet written), and how many of them there are; 0, 0 if none.
+    pub follows: u64,
+    pub follows_count: u64,
     pub entries: Vec<LogEntry>,
 }
 
 impl LogBatch {
-    /// Encodes to whole blocks, addressed at `address`.
+    /// Encodes to whole log units, addressed at `address`.
     pub fn encode(&self, volume_id: VolumeId, address: u64) -> Vec<u8> {
         let mut w = Writer::default();
         w.u64(self.seq);
         w.u64(self.next_obj);
+        w.u64(self.salt);
+        w.u64(self.follows);
+        w.u64(self.follows_count);
         w.u32(self.entries.len() as u32);
         for entry in &self.entries {
             w.u64(entry.lk.obj);
@@ -45,9 +78,16 @@ impl LogBatch {
             w.u64(entry.lk.key);
             w.u64(entry.replaces);
             match &entry.value {
-                None => w.u8(0),
-                Some(bytes) => {
+                LogValue::Delete => w.u8(0),
+                LogValue::Put(bytes) => {
                     w.u8(1);
+                    w.u32(bytes.len() as u32);
+                    w.raw(bytes);
+                }
+                LogValue::Splice { len, at, bytes } => {
+                    w.u8(2);
+                    w.u32(*len);
+                    w.u32(*at);
                     w.u32(bytes.len() as u32);
                     w.raw(bytes);
                 }
@@ -61,17 +101,18 @@ impl LogBatch {
             address,
             payload_bytes: w.len() as u32,
         };
-        let total = ((HEADER_BYTES + w.len()) as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let total = units(HEADER_BYTES + w.len(), FORMAT_VERSION);
         seal_block(&header, &w.bytes, total as usize)
     }
 
     /// Total bytes a batch with this header claims, bounded by `space_bytes`.
-    pub fn claimed_bytes(first_block: &[u8], space_bytes: u64) -> Option<u64> {
-        if first_block.len() < HEADER_BYTES {
+    pub fn claimed_bytes(first_unit: &[u8], space_bytes: u64) -> Option<u64> {
+        if first_unit.len() < HEADER_BYTES {
             return None;
         }
-        let payload = u32::from_le_bytes(first_block[40..44].try_into().ok()?) as u64;
-        let total = (HEADER_BYTES as u64 + payload).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let version = u16::from_le_bytes(first_unit[4..6].try_into().ok()?);
+        let payload = u32::from_le_bytes(first_unit[40..44].try_into().ok()?) as usize;
+        let total = units(HEADER_BYTES + payload, version);
         (total <= space_bytes).then_some(total)
     }
 
@@ -82,9 +123,15 @@ impl LogBatch {
             address,
         };
         let (header, payload) = open_block(bytes, &expect)?;
+        let ring = header.version >= RING_VERSION;
         let mut r = Reader::new(payload, "log batch");
         let seq = r.u64()?;
         let next_obj = r.u64()?;
+        let (salt, follows, follows_count) = if ring {
+            (r.u64()?, r.u64()?, r.u64()?)
+        } else {
+            (0, 0, 0)
+        };
         let count = r.u32()? as usize;
         // Every entry takes at least LOG_ENTRY_BYTES_MIN bytes.
         if count > r.remaining() / LOG_ENTRY_BYTES_MIN {
@@ -102,10 +149,20 @@ impl LogBatch {
             };
             let replaces = r.u64()?;
             let value = match r.u8()? {
-                0 => None,
+                0 => LogValue::Delete,
                 1 => {
                     let len = r.u32()? as usize;
-                    Some(r.take(len)?.to_vec())
+                    LogValue::Put(r.take(len)?.to_vec())
+                }
+                2 if ring => {
+                    let len = r.u32()?;
+                    let at = r.u32()?;
+                    let count = r.u32()? as usize;
+                    LogValue::Splice {
+                        len,
+                        at,
+                        bytes: r.take(count)?.to_vec(),
+                    }
                 }
                 other => {
                     return Err(Error::corrupt(
@@ -124,9 +181,23 @@ impl LogBatch {
             epoch: header.tid,
             seq,
             next_obj,
+            salt,
+            follows,
+            follows_count,
             entries,
         })
     }
+}
+
+/// Bytes a batch of `bytes` header and payload occupies: whole 512-byte units from format
+/// version 3, whole blocks before.
+fn units(bytes: usize, version: u16) -> u64 {
+    let unit = if version >= RING_VERSION {
+        LOG_UNIT_BYTES
+    } else {
+        BLOCK_BYTES
+    };
+    (bytes as u64).div_ceil(unit) * unit
 }
 
 #[cfg(test)]
@@ -139,6 +210,9 @@ mod tests {
             epoch: 9,
             seq: 2,
             next_obj: 44,
+            salt: 0x1234_5678_9abc,
+            follows: 8,
+            follows_count: 3,
             entries: vec![
                 LogEntry {
                     lk: LogicalKey {
@@ -147,7 +221,7 @@ mod tests {
                         key: 0,
                     },
                     replaces: 4,
-                    value: None,
+                    value: LogValue::Delete,
                 },
                 LogEntry {
                     lk: LogicalKey {
@@ -156,16 +230,103 @@ mod tests {
                         key: 65536,
                     },
                     replaces: 0,
-                    value: Some(vec![7; 10000]),
+                    value: LogValue::Put(vec![7; 10000]),
+                },
+                LogEntry {
+                    lk: LogicalKey {
+                        obj: 3,
+                        rtype: 3,
+                        key: 65536,
+                    },
+                    replaces: 0,
+                    value: LogValue::Splice {
+                        len: 12288,
+                        at: 8192,
+                        bytes: vec![9; 4096],
+                    },
                 },
             ],
         };
         let bytes = batch.encode([3; 16], 8192);
-        assert_eq!(bytes.len() % BLOCK_BYTES as usize, 0);
+        assert_eq!(bytes.len() % LOG_UNIT_BYTES as usize, 0);
         assert_eq!(
             LogBatch::claimed_bytes(&bytes, 1 << 20),
             Some(bytes.len() as u64)
         );
         assert_eq!(LogBatch::decode(&bytes, &[3; 16], 8192).unwrap(), batch);
+    }
+
+    #[test]
+    fn reads_version_2_batches() {
+        // As format version 2 wrote them: seq, next_obj, count, entries; whole blocks.
+        let mut w = Writer::default();
+        w.u64(4);
+        w.u64(77);
+        w.u32(1);
+        w.u64(3);
+        w.u8(1);
+        w.u64(0);
+        w.u64(5);
+        w.u8(1);
+        w.u32(3);
+        w.raw(b"abc");
+        let header = BlockHeader {
+            version: 2,
+            block_type: BlockType::Log,
+            volume_id: [3; 16],
+            tid: 9,
+            address: 8192,
+            payload_bytes: w.len() as u32,
+        };
+        let bytes = seal_block(&header, &w.bytes, BLOCK_BYTES as usize);
+        assert_eq!(LogBatch::claimed_bytes(&bytes, 1 << 20), Some(BLOCK_BYTES));
+        let batch = LogBatch::decode(&bytes, &[3; 16], 8192).unwrap();
+        assert_eq!(
+            batch,
+            LogBatch {
+                epoch: 9,
+                seq: 4,
+                next_obj: 77,
+                salt: 0,
+                follows: 0,
+                follows_count: 0,
+                entries: vec![LogEntry {
+                    lk: LogicalKey {
+                        obj: 3,
+                        rtype: 1,
+                        key: 0,
+                    },
+                    replaces: 5,
+                    value: LogValue::Put(b"abc".to_vec()),
+                }],
+            }
+        );
+        // Splices did not exist in version 2.
+        let mut spliced = w.bytes.clone();
+        spliced[20 + 25] = 2;
+        let bytes = seal_block(&header, &spliced, BLOCK_BYTES as usize);
+        assert!(LogBatch::decode(&bytes, &[3; 16], 8192).is_err());
+    }
+
+    #[test]
+    fn small_batches_take_one_unit() {
+        let batch = LogBatch {
+            epoch: 9,
+            seq: 0,
+            next_obj: 44,
+            salt: 1,
+            follows: 0,
+            follows_count: 0,
+            entries: vec![LogEntry {
+                lk: LogicalKey {
+                    obj: 3,
+                    rtype: 1,
+                    key: 0,
+                },
+                replaces: 0,
+                value: LogValue::Put(vec![1; 200]),
+            }],
+        };
+        assert_eq!(batch.encode([3; 16], 8192).len(), LOG_UNIT_BYTES as usize);
     }
 }

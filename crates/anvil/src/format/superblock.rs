@@ -2,6 +2,7 @@
 //! `seq` goes to copy `seq % 2`, so a torn superblock write leaves the previous one intact.
 
 use super::coding::{Reader, Writer};
+use super::log::LOG_UNIT_BYTES;
 use super::{
     open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES, FORMAT_VERSION,
     HEADER_BYTES,
@@ -42,6 +43,12 @@ pub struct Superblock {
     pub space_map_bytes: u64,
     /// Live inodes in the committed tree (meaningful only with a space map).
     pub live_objects: u64,
+    /// Where in the redo log region this commit's epoch of batches begins (bytes from
+    /// `log_offset`; 0 before format version 3).
+    pub log_start: u64,
+    /// The salt the writer that wrote this superblock gives its log batches (0 before
+    /// format version 3: batches then carry none).
+    pub log_salt: u64,
 }
 
 impl Superblock {
@@ -65,6 +72,8 @@ impl Superblock {
         w.u64(self.space_map_address);
         w.u64(self.space_map_bytes);
         w.u64(self.live_objects);
+        w.u64(self.log_start);
+        w.u64(self.log_salt);
         let header = BlockHeader {
             version: FORMAT_VERSION,
             block_type: BlockType::Superblock,
@@ -114,6 +123,8 @@ impl Superblock {
             space_map_address: 0,
             space_map_bytes: 0,
             live_objects: 0,
+            log_start: 0,
+            log_salt: 0,
         };
         sb.label.copy_from_slice(r.take(LABEL_BYTES)?);
         // Superblocks written before the space map existed end here.
@@ -121,6 +132,11 @@ impl Superblock {
             sb.space_map_address = r.u64()?;
             sb.space_map_bytes = r.u64()?;
             sb.live_objects = r.u64()?;
+        }
+        // Superblocks written before the log became a ring end here.
+        if r.remaining() > 0 {
+            sb.log_start = r.u64()?;
+            sb.log_salt = r.u64()?;
         }
         sb.validate(address)?;
         Ok(sb)
@@ -138,6 +154,9 @@ impl Superblock {
         }
         if self.log_offset != super::LOG_OFFSET || self.log_bytes % BLOCK_BYTES != 0 {
             return fail("log region out of range");
+        }
+        if self.log_start >= self.log_bytes || self.log_start % LOG_UNIT_BYTES != 0 {
+            return fail("log start out of range");
         }
         if self.data_offset != self.log_offset + self.log_bytes
             || self.data_offset >= self.volume_bytes
@@ -198,6 +217,8 @@ mod tests {
             space_map_address: super::super::LOG_OFFSET + (2 << 20),
             space_map_bytes: 8192,
             live_objects: 4,
+            log_start: 4096,
+            log_salt: 0xfeed,
         }
     }
 
@@ -207,6 +228,8 @@ mod tests {
         sb.space_map_address = 0;
         sb.space_map_bytes = 0;
         sb.live_objects = 0;
+        sb.log_start = 0;
+        sb.log_salt = 0;
         let mut bytes = sb.encode();
         // Rewrite the block as an older build wrote it: payload ends after the label.
         let (mut header, payload) = super::super::open_block(
@@ -218,9 +241,31 @@ mod tests {
             },
         )
         .unwrap();
-        let short = payload[..payload.len() - 24].to_vec();
+        let short = payload[..payload.len() - 40].to_vec();
         header.payload_bytes = short.len() as u32;
         bytes = seal_block(&header, &short, BLOCK_BYTES as usize);
+        assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
+    }
+
+    #[test]
+    fn reads_superblocks_from_before_the_log_ring() {
+        let mut sb = sample();
+        sb.log_start = 0;
+        sb.log_salt = 0;
+        let bytes = sb.encode();
+        let (mut header, payload) = super::super::open_block(
+            &bytes,
+            &super::super::Expect {
+                block_type: BlockType::Superblock,
+                volume_id: None,
+                address: sb.address(),
+            },
+        )
+        .unwrap();
+        let short = payload[..payload.len() - 16].to_vec();
+        header.payload_bytes = short.len() as u32;
+        header.version = 2;
+        let bytes = seal_block(&header, &short, BLOCK_BYTES as usize);
         assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
     }
 

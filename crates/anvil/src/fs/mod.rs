@@ -495,6 +495,7 @@ impl Filesystem {
                 nohistory: options.nohistory,
                 read_only: options.read_only,
                 rebuild_space_map: options.rebuild_space_map,
+                log_every_change: options.crash_log,
             },
         )?;
         let fs = Filesystem {
@@ -557,7 +558,11 @@ impl Filesystem {
     /// Commits everything now; returns the durable TID.
     pub fn sync(&self) -> Result<u64> {
         if self.volume.is_read_only() {
-            return Ok(self.volume.committed_tid());
+            // Changes a failure stopped from becoming durable make sync fail.
+            return match self.volume.has_pending() {
+                true => Err(self.volume.read_only_error()),
+                false => Ok(self.volume.committed_tid()),
+            };
         }
         self.volume.commit()
     }
@@ -1049,34 +1054,49 @@ impl Filesystem {
                         }
                     }
                 }
-                let new_chunk = if whole {
-                    src.to_vec()
+                if whole {
+                    chunk::drop_patches(tx, ino, index, index)?;
+                    // The inode is at hand: no need for `put` to look the flag up per chunk.
+                    tx.put_with(
+                        lk,
+                        Some(Arc::new(src.to_vec())),
+                        policy.nohistory,
+                        policy.codec,
+                    )?;
+                    continue;
+                }
+                let existing = chunk::chunk_bytes(tx, ino, index)?;
+                let mut chunk = existing.as_ref().map_or_else(Vec::new, |e| e.to_vec());
+                // Bytes past the old end of file inside this chunk are a hole: zeros.
+                let valid = inode
+                    .size
+                    .saturating_sub(chunk_start)
+                    .min(chunk.len() as u64) as usize;
+                // The bytes that change: those written, and any cut off past the end.
+                let changed_from = if valid < chunk.len() {
+                    at.min(valid)
                 } else {
-                    let mut chunk = match chunk::chunk_bytes(tx, ino, index)? {
-                        Some(existing) => existing.to_vec(),
-                        None => Vec::new(),
-                    };
-                    // Bytes past the old end of file inside this chunk are a hole: zeros.
-                    let valid = inode
-                        .size
-                        .saturating_sub(chunk_start)
-                        .min(chunk.len() as u64);
-                    chunk.truncate(valid as usize);
-                    if chunk.len() < at + src.len() {
-                        chunk.resize(at + src.len(), 0);
-                    }
-                    chunk[at..at + src.len()].copy_from_slice(src);
-                    chunk
+                    at
                 };
+                chunk.truncate(valid);
+                if chunk.len() < at + src.len() {
+                    chunk.resize(at + src.len(), 0);
+                }
+                chunk[at..at + src.len()].copy_from_slice(src);
                 // The chunk is rewritten whole: its patches are part of it now.
                 chunk::drop_patches(tx, ino, index, index)?;
-                // The inode is at hand: no need for `put` to look the flag up per chunk.
-                tx.put_with(
-                    lk,
-                    Some(Arc::new(new_chunk)),
-                    policy.nohistory,
-                    policy.codec,
-                )?;
+                let chunk = Arc::new(chunk);
+                match &existing {
+                    Some(base) => tx.put_spliced(
+                        lk,
+                        chunk,
+                        (policy.nohistory, policy.codec),
+                        base,
+                        changed_from,
+                        at + src.len(),
+                    )?,
+                    None => tx.put_with(lk, Some(chunk), policy.nohistory, policy.codec)?,
+                }
             }
             let now = Timestamp::now();
             inode.size = inode.size.max(end);

@@ -143,6 +143,10 @@ pub struct MountOptions {
     /// Ignore the space map the last commit wrote and rebuild the free map by walking the
     /// whole tree (slow on large volumes; for timing the walk, or distrust of the map).
     pub rebuild_space_map: bool,
+    /// Every change reaches the redo log before the call that made it returns, so a crash
+    /// of the process (kill -9, OOM) loses nothing acknowledged. Off (`-o crash_log=off`):
+    /// such a crash loses what changed since the last fsync or commit, as a power loss does.
+    pub crash_log: bool,
 }
 
 impl Default for MountOptions {
@@ -154,6 +158,7 @@ impl Default for MountOptions {
             commit_interval_ms: 5000,
             background_thread_start: None,
             rebuild_space_map: false,
+            crash_log: true,
         }
     }
 }

@@ -16,7 +16,7 @@ mod overlay;
 mod tx;
 
 pub use extent::{decode_extent, encode_extent};
-pub use overlay::{Overlay, Pending, Value};
+pub use overlay::{Dirty, Overlay, Pending, Value};
 pub use tx::Tx;
 
 use crate::btree::commit::{apply, CommitContext, Mutation};
@@ -24,7 +24,7 @@ use crate::btree::{self, Loader, Need, Root, Stop};
 use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::format::log::{LogBatch, LogEntry};
+use crate::format::log::{LogBatch, LogEntry, LogValue, LOG_UNIT_BYTES};
 use crate::format::node::Node;
 use crate::format::record::{
     rtype, Element, ExtentRef, Key, LogicalKey, Payload, Timestamp, DATA_INLINE_BYTES_MAX,
@@ -57,6 +57,11 @@ pub struct VolumeOptions {
     pub read_only: bool,
     /// Walk the tree for the free map even where the last commit wrote a space map.
     pub rebuild_space_map: bool,
+    /// Every change reaches the redo log (through the host's page cache, without a flush)
+    /// before the operation that made it returns, so that a crash of this process loses
+    /// nothing it acknowledged. Off: only fsync and commits write the log, and a crash of
+    /// the process loses the changes since the last of them (a power loss does either way).
+    pub log_every_change: bool,
 }
 
 impl Default for VolumeOptions {
@@ -66,6 +71,7 @@ impl Default for VolumeOptions {
             nohistory: false,
             read_only: false,
             rebuild_space_map: false,
+            log_every_change: true,
         }
     }
 }
@@ -97,9 +103,118 @@ pub(crate) struct State {
     pub superblock: Superblock,
 }
 
-struct LogCursor {
+/// The redo log region as a ring (`format::log`): where the next batch goes, and which
+/// batches recovery may still need. Guarded by `Volume::log`; lock order is `commit_lock`,
+/// then `log`, then `state`.
+struct LogRing {
+    /// Bytes in the region.
+    size: u64,
+    /// This writer's salt, recorded in each superblock it writes.
+    salt: u64,
+    /// Epoch of the batches written now (the TID the active group applies on top of), and
+    /// the next batch's sequence number in it.
+    epoch: u64,
     seq: u64,
-    used_bytes: u64,
+    /// While a commit is in flight: the epoch of the frozen group's batches and how many
+    /// there are, which this epoch's batches continue. 0, 0 otherwise.
+    follows: u64,
+    follows_count: u64,
+    /// Where the next batch goes, and where this epoch's batches began.
+    head: u64,
+    epoch_start: u64,
+    /// Start of the oldest batch recovery may need (the durable superblock's `log_start`):
+    /// the ring never writes over `tail..head`.
+    tail: u64,
+    /// The frozen group holds changes no batch has (they did not fit): no operation may
+    /// return until its commit is durable.
+    frozen_unlogged: bool,
+}
+
+impl LogRing {
+    /// Where a batch of `len` bytes can go without overwriting `tail..head`, if anywhere. A
+    /// batch that does not fit before the end of the region starts again at 0.
+    fn place(&self, len: u64) -> Option<u64> {
+        if self.head >= self.tail {
+            if self.head + len <= self.size {
+                Some(self.head)
+            } else {
+                // Strictly below the tail: a head equal to the tail means an empty ring.
+                (len < self.tail).then_some(0)
+            }
+        } else {
+            (self.head + len < self.tail).then_some(self.head)
+        }
+    }
+
+    /// A batch of the current epoch holding `entries`.
+    fn batch(&self, next_obj: u64, entries: Vec<LogEntry>) -> LogBatch {
+        LogBatch {
+            epoch: self.epoch,
+            seq: self.seq,
+            next_obj,
+            salt: self.salt,
+            follows: self.follows,
+            follows_count: self.follows_count,
+            entries,
+        }
+    }
+
+    /// Largest batch worth logging: bigger ones (a large write) are made durable by a
+    /// commit instead, which writes their data once.
+    fn batch_bytes_max(&self) -> u64 {
+        (self.size / 4).min(LOG_BATCH_BYTES_MAX)
+    }
+}
+
+/// A group frozen for its commit: its overlay, the root it applies to, and the superblock
+/// its commit starts from.
+type Frozen = (Arc<Overlay>, Arc<RootRef>, Superblock);
+
+/// A change taken from an overlay for the log: the key, what it replaces, its value (None:
+/// deleted) and which of its bytes changed.
+type Unlogged = (LogicalKey, u64, Option<Arc<Vec<u8>>>, Dirty);
+
+/// Takes the overlay's changes not yet in the log (cheap: values are shared, not copied).
+fn take_unlogged(overlay: &mut Overlay) -> Vec<Unlogged> {
+    let dirty = std::mem::take(&mut overlay.log_dirty);
+    dirty
+        .into_iter()
+        .filter_map(|(lk, dirty)| {
+            let p = overlay.map.get(&lk)?;
+            Some((lk, p.replaces, p.value.clone(), dirty))
+        })
+        .collect()
+}
+
+/// Log entries for changes taken by `take_unlogged`.
+fn log_entries(changes: &[Unlogged]) -> Vec<LogEntry> {
+    changes
+        .iter()
+        .map(|(lk, replaces, value, dirty)| LogEntry {
+            lk: *lk,
+            replaces: *replaces,
+            value: match (value, dirty) {
+                (None, _) => LogValue::Delete,
+                (Some(v), Dirty::Whole) => LogValue::Put(v.to_vec()),
+                (Some(v), Dirty::Bytes { lo, hi }) => {
+                    let hi = (*hi).min(v.len());
+                    let lo = (*lo).min(hi);
+                    LogValue::Splice {
+                        len: v.len() as u32,
+                        at: lo as u32,
+                        bytes: v[lo..hi].to_vec(),
+                    }
+                }
+            },
+        })
+        .collect()
+}
+
+/// Puts changes taken for a batch that was not written back as needing the log, whole.
+fn return_unlogged(overlay: &mut Overlay, changes: &[Unlogged]) {
+    for (lk, ..) in changes {
+        overlay.log_dirty.insert(*lk, Dirty::Whole);
+    }
 }
 
 pub struct Volume {
@@ -108,7 +223,9 @@ pub struct Volume {
     cache: BlockCache,
     space: Arc<Space>,
     state: Mutex<State>,
-    commit_lock: Mutex<LogCursor>,
+    /// Serialises commits (and reblock steps) with each other.
+    commit_lock: Mutex<()>,
+    log: Mutex<LogRing>,
     options: VolumeOptions,
     read_only: AtomicBool,
     /// Why the volume stopped taking changes, once a failure stopped it (`fail_read_only`).
@@ -125,6 +242,10 @@ pub struct Volume {
     committer_running: AtomicBool,
     /// Whether open read the space map the last commit wrote (false: it walked the tree).
     space_map_read: bool,
+    /// Log batches written, and how many of them a flush has made durable (fsync skips its
+    /// flush when another caller's already covered its batch).
+    log_appends: AtomicU64,
+    log_flushed: AtomicU64,
 }
 
 /// What one reblock step did.
@@ -177,7 +298,9 @@ impl Volume {
                 "label longer than {LABEL_BYTES} bytes"
             )));
         }
-        let log_bytes = (volume_bytes / 64).clamp(1 << 20, 64 << 20) / BLOCK_BYTES * BLOCK_BYTES;
+        // Every change passes through the log before its operation returns: it holds what
+        // changed since the last commit, and a commit needs room for the next group's too.
+        let log_bytes = (volume_bytes / 32).clamp(2 << 20, 128 << 20) / BLOCK_BYTES * BLOCK_BYTES;
         let mut label_bytes = [0u8; LABEL_BYTES];
         label_bytes[..label.len()].copy_from_slice(label.as_bytes());
         let volume_id: VolumeId = rand::random();
@@ -202,6 +325,9 @@ impl Volume {
             space_map_address: 0,
             space_map_bytes: 0,
             live_objects: 0,
+            // The first writer to open the volume picks a salt and writes a superblock.
+            log_start: 0,
+            log_salt: 0,
         };
         sb.validate(sb.address())?;
         device.set_len(volume_bytes)?;
@@ -300,6 +426,19 @@ impl Volume {
         let space = Arc::new(space);
         let live_objects = sb.live_objects;
         let pending_bytes_max = (options.cache_bytes / 4).max(4 << 20);
+        let ring = LogRing {
+            size: sb.log_bytes,
+            // Never 0: a salt of 0 marks batches of format version 2.
+            salt: rand::random::<u64>() | 1,
+            epoch: sb.committed_tid,
+            seq: 0,
+            follows: 0,
+            follows_count: 0,
+            head: sb.log_start,
+            epoch_start: sb.log_start,
+            tail: sb.log_start,
+            frozen_unlogged: false,
+        };
         let root_ref = Arc::new(RootRef {
             root,
             tid: sb.committed_tid,
@@ -319,10 +458,8 @@ impl Volume {
                 next_obj: sb.next_obj,
                 superblock: sb,
             }),
-            commit_lock: Mutex::new(LogCursor {
-                seq: 0,
-                used_bytes: 0,
-            }),
+            commit_lock: Mutex::new(()),
+            log: Mutex::new(ring),
             read_only: AtomicBool::new(options.read_only),
             stopped: Mutex::new(None),
             options,
@@ -332,81 +469,168 @@ impl Volume {
             frozen_unallocated: AtomicU64::new(0),
             committer_running: AtomicBool::new(false),
             space_map_read,
+            log_appends: AtomicU64::new(0),
+            log_flushed: AtomicU64::new(0),
         });
         let replayed = volume.replay_log()?;
-        if replayed > 0 && !volume.is_read_only() {
-            volume.commit()?;
+        if !volume.is_read_only() {
+            // A writer records its salt before it writes a batch: batches a previous writer
+            // left in the ring can then never be taken for this one's.
+            if replayed > 0 {
+                volume.commit()?;
+            } else {
+                volume.begin_log()?;
+            }
         }
         Ok(volume)
     }
 
-    /// Replays redo-log batches of the current epoch into the active overlay.
+    /// Replays the redo log into the active overlay: from the superblock's `log_start`, the
+    /// batches of its epoch and salt in sequence order, then those of an epoch that was being
+    /// committed if its first batch follows exactly the ones replayed. Stops at the first
+    /// batch that does not fit. Returns the number of batches replayed.
     fn replay_log(&self) -> Result<usize> {
         let sb = self.state.lock().superblock.clone();
-        let mut offset = 0u64;
+        // Format version 2 batches start at 0 and never wrap.
+        let wraps = sb.log_salt != 0;
+        let mut pos = sb.log_start;
+        let mut epoch = sb.committed_tid;
         let mut seq = 0u64;
         let mut replayed = 0;
-        while offset + BLOCK_BYTES <= sb.log_bytes {
-            let mut first = vec![0u8; BLOCK_BYTES as usize];
-            self.device.read_at(&mut first, sb.log_offset + offset)?;
-            let Some(total) = LogBatch::claimed_bytes(&first, sb.log_bytes - offset) else {
-                break;
+        loop {
+            let next = |batch: &LogBatch| {
+                batch.salt == sb.log_salt
+                    && ((batch.epoch == epoch && batch.seq == seq)
+                        || (batch.seq == 0
+                            && batch.epoch > epoch
+                            && batch.follows == epoch
+                            && batch.follows_count == seq))
             };
-            let mut bytes = vec![0u8; total as usize];
-            self.device.read_at(&mut bytes, sb.log_offset + offset)?;
-            let Ok(batch) = LogBatch::decode(&bytes, &self.volume_id, sb.log_offset + offset)
-            else {
-                break;
-            };
-            if batch.epoch != sb.committed_tid || batch.seq != seq {
-                break;
+            let mut found = self.read_batch(&sb, pos).filter(|(b, _)| next(b));
+            if found.is_none() && wraps && pos != 0 {
+                found = self.read_batch(&sb, 0).filter(|(b, _)| next(b));
+                if found.is_some() {
+                    pos = 0;
+                }
             }
+            let Some((batch, total)) = found else {
+                break;
+            };
             if let Some(bad) = batch.entries.iter().find(|e| !log_entry_is_valid(e)) {
                 log::warn!(
-                    "redo log batch {seq} holds an invalid entry {:?}; replay stops",
+                    "redo log batch {} of epoch {} holds an invalid entry {:?}; replay stops",
+                    batch.seq,
+                    batch.epoch,
                     bad.lk
                 );
                 break;
             }
-            let mut st = self.state.lock();
-            st.next_obj = st.next_obj.max(batch.next_obj);
-            for entry in batch.entries {
-                let replaces = st
-                    .active
-                    .map
-                    .get(&entry.lk)
-                    .map_or(entry.replaces, |p| p.replaces);
-                if entry.lk.rtype == rtype::INODE {
-                    let existed = match st.active.map.get(&entry.lk) {
-                        Some(pending) => pending.value.is_some(),
-                        None => entry.replaces != 0,
-                    };
-                    let exists = entry.value.is_some() as u64;
-                    st.live_objects = (st.live_objects + exists).saturating_sub(existed as u64);
-                    st.active.objects_delta += exists as i64 - existed as i64;
-                }
-                let pending = Pending {
-                    value: entry.value.map(Arc::new),
-                    replaces,
-                    // The log does not record per-object settings: replayed changes take
-                    // the volume's (history as mounted, the default codec).
-                    nohistory: self.options.nohistory,
-                    codec: crate::format::record::compression::DEFAULT,
-                };
-                st.active.insert(entry.lk, pending);
+            if batch.epoch != epoch {
+                epoch = batch.epoch;
+                seq = 0;
             }
-            drop(st);
+            if !self.apply_batch(batch) {
+                break;
+            }
             replayed += 1;
             seq += 1;
-            offset += total;
+            pos += total;
         }
         if replayed > 0 {
             log::info!("replayed {replayed} redo log batches");
         }
-        let mut cursor = self.commit_lock.lock();
-        cursor.seq = seq;
-        cursor.used_bytes = offset;
+        let mut ring = self.log.lock();
+        ring.epoch = epoch;
+        ring.seq = seq;
+        ring.head = pos;
         Ok(replayed)
+    }
+
+    /// The batch at `pos` in the log region with its size, if a valid one is there.
+    fn read_batch(&self, sb: &Superblock, pos: u64) -> Option<(LogBatch, u64)> {
+        if pos + LOG_UNIT_BYTES > sb.log_bytes {
+            return None;
+        }
+        let mut first = vec![0u8; LOG_UNIT_BYTES as usize];
+        self.device.read_at(&mut first, sb.log_offset + pos).ok()?;
+        let total = LogBatch::claimed_bytes(&first, sb.log_bytes - pos)?;
+        let mut bytes = vec![0u8; total as usize];
+        self.device.read_at(&mut bytes, sb.log_offset + pos).ok()?;
+        let batch = LogBatch::decode(&bytes, &self.volume_id, sb.log_offset + pos).ok()?;
+        Some((batch, total))
+    }
+
+    /// Applies a replayed batch to the active overlay (the changes are in the log already).
+    /// False if an entry does not apply (a splice of a value the replay does not hold).
+    fn apply_batch(&self, batch: LogBatch) -> bool {
+        let mut st = self.state.lock();
+        st.next_obj = st.next_obj.max(batch.next_obj);
+        for entry in batch.entries {
+            let current = st.active.map.get(&entry.lk);
+            let replaces = current.map_or(entry.replaces, |p| p.replaces);
+            let value = match entry.value {
+                LogValue::Delete => None,
+                LogValue::Put(bytes) => Some(bytes),
+                LogValue::Splice { len, at, bytes } => {
+                    let Some(base) = current.and_then(|p| p.value.as_ref()) else {
+                        log::warn!(
+                            "redo log batch {} of epoch {} changes bytes of {:?}, which it \
+                             never set; replay stops",
+                            batch.seq,
+                            batch.epoch,
+                            entry.lk
+                        );
+                        return false;
+                    };
+                    let mut value = base.to_vec();
+                    value.resize(len as usize, 0);
+                    value[at as usize..at as usize + bytes.len()].copy_from_slice(&bytes);
+                    Some(value)
+                }
+            };
+            if entry.lk.rtype == rtype::INODE {
+                let existed = match current {
+                    Some(pending) => pending.value.is_some(),
+                    None => entry.replaces != 0,
+                };
+                let exists = value.is_some() as u64;
+                st.live_objects = (st.live_objects + exists).saturating_sub(existed as u64);
+                st.active.objects_delta += exists as i64 - existed as i64;
+            }
+            let pending = Pending {
+                value: value.map(Arc::new),
+                replaces,
+                // The log does not record per-object settings: replayed changes take
+                // the volume's (history as mounted, the default codec).
+                nohistory: self.options.nohistory,
+                codec: crate::format::record::compression::DEFAULT,
+            };
+            st.active.insert(entry.lk, pending);
+        }
+        // What was replayed is in the log already.
+        st.active.log_dirty.clear();
+        true
+    }
+
+    /// Writes a superblock that records this writer's salt and where its batches start,
+    /// before the first of them.
+    fn begin_log(&self) -> Result<()> {
+        let _commit = self.commit_lock.lock();
+        let mut ring = self.log.lock();
+        let mut sb = self.state.lock().superblock.clone();
+        sb.seq += 1;
+        sb.log_salt = ring.salt;
+        sb.log_start = ring.head % ring.size;
+        sb.validate(sb.address())?;
+        self.device.write_at(&sb.encode(), sb.address())?;
+        self.device.flush()?;
+        ring.epoch = sb.committed_tid;
+        ring.seq = 0;
+        ring.head = sb.log_start;
+        ring.epoch_start = sb.log_start;
+        ring.tail = sb.log_start;
+        self.state.lock().superblock = sb;
+        Ok(())
     }
 
     pub fn volume_id(&self) -> VolumeId {
@@ -452,6 +676,12 @@ impl Volume {
             Some(why) => Error::Stopped(why.clone()),
             None => Error::ReadOnly,
         }
+    }
+
+    /// Whether changes are waiting in memory for a commit.
+    pub fn has_pending(&self) -> bool {
+        let st = self.state.lock();
+        !st.active.is_empty() || st.frozen.is_some()
     }
 
     /// TID of the newest commit: the newest point history can be read at.
@@ -515,6 +745,9 @@ impl Volume {
                         drop(st);
                         if write {
                             self.commit_if_tight(pending_entries);
+                            if self.options.log_every_change {
+                                self.log_changes()?;
+                            }
                         }
                         return Ok(value);
                     }
@@ -837,28 +1070,60 @@ impl Volume {
 
     /// Commits the active flush group now. Returns the durable TID.
     pub fn commit(&self) -> Result<u64> {
-        let mut cursor = self.commit_lock.lock();
-        self.commit_locked(&mut cursor)
+        let _commit = self.commit_lock.lock();
+        self.commit_locked()
     }
 
-    fn commit_locked(&self, cursor: &mut LogCursor) -> Result<u64> {
-        if self.is_read_only() {
-            return Err(self.read_only_error());
-        }
-        let (frozen, old_root, superblock) = {
+    /// Freezes the active group for a commit. Its changes not yet in the log join its
+    /// epoch's batches first (or, if they do not fit, no operation returns until the commit
+    /// is durable), and the log moves on to the next epoch, whose batches follow them: a
+    /// crash before the commit's superblock is written replays both. None if nothing is
+    /// pending.
+    fn freeze(&self) -> Result<Option<Frozen>> {
+        let mut ring = self.log.lock();
+        let (frozen, old_root, mut sb, unlogged, next_obj) = {
             let mut st = self.state.lock();
             if st.active.is_empty() {
-                return Ok(st.superblock.committed_tid);
+                return Ok(None);
             }
             let tid = st.active.tid;
-            let overlay = std::mem::replace(&mut st.active, Overlay::new(tid + 1));
+            let mut overlay = std::mem::replace(&mut st.active, Overlay::new(tid + 1));
+            let unlogged = take_unlogged(&mut overlay);
             self.frozen_unallocated
                 .store(overlay.pending_bytes, Ordering::Release);
             let frozen = Arc::new(overlay);
             st.frozen = Some(frozen.clone());
             let mut sb = st.superblock.clone();
             sb.next_obj = st.next_obj;
-            (frozen, st.root.clone(), sb)
+            (frozen, st.root.clone(), sb, unlogged, st.next_obj)
+        };
+        if !unlogged.is_empty() {
+            let batch = ring.batch(next_obj, log_entries(&unlogged));
+            if !self.append(&mut ring, &batch)? {
+                ring.frozen_unlogged = true;
+            }
+        }
+        ring.follows = ring.epoch;
+        ring.follows_count = ring.seq;
+        ring.epoch = frozen.tid;
+        ring.seq = 0;
+        ring.epoch_start = ring.head;
+        sb.log_start = ring.head % ring.size;
+        sb.log_salt = ring.salt;
+        Ok(Some((frozen, old_root, sb)))
+    }
+
+    fn commit_locked(&self) -> Result<u64> {
+        if self.is_read_only() {
+            return Err(self.read_only_error());
+        }
+        let (frozen, old_root, superblock) = match self.freeze() {
+            Ok(Some(frozen)) => frozen,
+            Ok(None) => return Ok(self.committed_tid()),
+            Err(e) => {
+                self.fail_read_only(&e);
+                return Err(e);
+            }
         };
         match self.write_commit(&frozen, &old_root, superblock) {
             Ok((new_root, freed, sb)) => {
@@ -877,8 +1142,14 @@ impl Volume {
                     st.superblock = sb;
                 }
                 drop(old_root);
-                cursor.seq = 0;
-                cursor.used_bytes = 0;
+                {
+                    // The previous epoch's batches are dead: the ring may reuse their space.
+                    let mut ring = self.log.lock();
+                    ring.tail = ring.epoch_start;
+                    ring.follows = 0;
+                    ring.follows_count = 0;
+                    ring.frozen_unlogged = false;
+                }
                 *self.commit_signal.0.lock() += 1;
                 self.commit_signal.1.notify_all();
                 Ok(tid)
@@ -887,6 +1158,7 @@ impl Volume {
                 // The frozen group stays visible in memory, but nothing more can be made
                 // durable safely: stop accepting changes.
                 self.fail_read_only(&e);
+                self.commit_signal.1.notify_all();
                 Err(e)
             }
         }
@@ -1085,63 +1357,107 @@ impl Volume {
         Ok(())
     }
 
-    /// Makes every change made so far durable through the redo log (fsync). Much cheaper
-    /// than a commit: one sequential write of the changed records and one flush.
-    pub fn sync_log(&self) -> Result<()> {
-        if self.is_read_only() {
-            // Nothing pending can be made durable; if nothing is pending, fsync succeeds.
-            let st = self.state.lock();
-            return if st.active.is_empty() && st.frozen.is_none() {
-                Ok(())
-            } else {
-                Err(self.read_only_error())
+    /// Makes every change made so far survive a crash of this process: appends the changes
+    /// not yet in the redo log as one batch, through the host's page cache (a power loss
+    /// needs `sync_log` as well). Concurrent callers share batches: a caller whose changes
+    /// another caller's batch took returns without writing. A batch too large for the log
+    /// is made durable by a commit instead.
+    pub fn log_changes(&self) -> Result<()> {
+        loop {
+            let mut ring = self.log.lock();
+            if self.is_read_only() {
+                return if self.state.lock().active.log_dirty.is_empty() {
+                    Ok(())
+                } else {
+                    Err(self.read_only_error())
+                };
+            }
+            if ring.frozen_unlogged {
+                // This caller's changes may be in the group being committed without a batch:
+                // they are safe once that commit is. (It clears the flag under this lock
+                // before it counts a generation, so the count read here is older.)
+                let generation = *self.commit_signal.0.lock();
+                drop(ring);
+                self.wait_for_commit(generation);
+                continue;
+            }
+            let (unlogged, next_obj) = {
+                let mut st = self.state.lock();
+                if st.active.log_dirty.is_empty() {
+                    return Ok(());
+                }
+                (take_unlogged(&mut st.active), st.next_obj)
             };
-        }
-        let mut cursor = self.commit_lock.lock();
-        let (batch, log_bytes, log_offset) = {
-            let mut st = self.state.lock();
-            if st.active.log_dirty.is_empty() {
+            let batch = ring.batch(next_obj, log_entries(&unlogged));
+            if self.append(&mut ring, &batch)? {
                 return Ok(());
             }
-            let dirty = std::mem::take(&mut st.active.log_dirty);
-            let entries = dirty
-                .into_iter()
-                .filter_map(|lk| {
-                    st.active.map.get(&lk).map(|p| LogEntry {
-                        lk,
-                        replaces: p.replaces,
-                        value: p.value.as_ref().map(|v| v.to_vec()),
-                    })
-                })
-                .collect();
-            let batch = LogBatch {
-                epoch: st.superblock.committed_tid,
-                seq: cursor.seq,
-                next_obj: st.next_obj,
-                entries,
-            };
-            (batch, st.superblock.log_bytes, st.superblock.log_offset)
-        };
-        let address = log_offset + cursor.used_bytes;
-        let bytes = batch.encode(self.volume_id, address);
-        let large = bytes.len() as u64 > (log_bytes / 4).min(LOG_BATCH_BYTES_MAX);
-        if large || cursor.used_bytes + bytes.len() as u64 > log_bytes {
-            // A large batch would write its data twice (log, then commit), and a full log
-            // cannot take it: a commit makes everything durable once and empties the log.
-            self.commit_locked(&mut cursor)?;
-            return Ok(());
+            return_unlogged(&mut self.state.lock().active, &unlogged);
+            drop(ring);
+            // Too large, or no room until a commit: commit (which makes these changes
+            // durable and frees the ring), then log whatever came after.
+            self.commit()?;
         }
-        let result = self
-            .device
-            .write_at(&bytes, address)
-            .and_then(|_| self.device.flush());
-        if let Err(e) = result {
+    }
+
+    /// Writes `batch` (of the ring's current epoch and sequence number) where the ring has
+    /// room. False if it is too large or there is no room (nothing written).
+    fn append(&self, ring: &mut LogRing, batch: &LogBatch) -> Result<bool> {
+        let log_offset = LOG_OFFSET;
+        let mut bytes = batch.encode(self.volume_id, log_offset + ring.head);
+        let len = bytes.len() as u64;
+        if len > ring.batch_bytes_max() {
+            return Ok(false);
+        }
+        let Some(pos) = ring.place(len) else {
+            return Ok(false);
+        };
+        if pos != ring.head {
+            bytes = batch.encode(self.volume_id, log_offset + pos);
+        }
+        if let Err(e) = self.device.write_staged_at(&bytes, log_offset + pos) {
             let e = Error::Io(e);
             self.fail_read_only(&e);
             return Err(e);
         }
-        cursor.seq += 1;
-        cursor.used_bytes += bytes.len() as u64;
+        ring.head = pos + len;
+        ring.seq += 1;
+        self.log_appends.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
+    }
+
+    /// Waits until a commit newer than `generation` ends (or a while, so that callers
+    /// re-check a volume that a failed commit stopped).
+    fn wait_for_commit(&self, generation: u64) {
+        let mut current = self.commit_signal.0.lock();
+        self.commit_signal.1.wait_while_for(
+            &mut current,
+            |g| *g == generation,
+            Duration::from_millis(100),
+        );
+    }
+
+    /// Makes every change made so far durable through the redo log (fsync): `log_changes`,
+    /// then one flush, shared by callers that come together.
+    pub fn sync_log(&self) -> Result<()> {
+        if self.is_read_only() {
+            // Nothing pending can be made durable; if nothing is pending, fsync succeeds.
+            return match self.has_pending() {
+                true => Err(self.read_only_error()),
+                false => Ok(()),
+            };
+        }
+        self.log_changes()?;
+        let written = self.log_appends.load(Ordering::Acquire);
+        if self.log_flushed.load(Ordering::Acquire) >= written {
+            return Ok(());
+        }
+        if let Err(e) = self.device.flush() {
+            let e = Error::Io(e);
+            self.fail_read_only(&e);
+            return Err(e);
+        }
+        self.log_flushed.fetch_max(written, Ordering::AcqRel);
         Ok(())
     }
 
@@ -1153,7 +1469,7 @@ impl Volume {
         if self.is_read_only() {
             return Err(self.read_only_error());
         }
-        let _cursor = self.commit_lock.lock();
+        let _commit = self.commit_lock.lock();
         // Moving data needs room for the copy until the step is durable.
         let budget_bytes = budget_bytes.min(self.space.free_bytes() / 4);
         let old_root = self.root();
@@ -1327,7 +1643,17 @@ type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock);
 
 /// A log entry the engine could have written: known record type, value within its limits.
 fn log_entry_is_valid(entry: &LogEntry) -> bool {
-    let len = entry.value.as_ref().map_or(0, Vec::len);
+    let len = match &entry.value {
+        LogValue::Delete => 0,
+        LogValue::Put(bytes) => bytes.len(),
+        LogValue::Splice { len, at, bytes } => {
+            let end = *at as usize + bytes.len();
+            if end > *len as usize {
+                return false;
+            }
+            *len as usize
+        }
+    };
     let limit = match entry.lk.rtype {
         rtype::DATA | rtype::PATCH => crate::format::record::DATA_CHUNK_BYTES as usize,
         rtype::SYMLINK => crate::format::record::SYMLINK_BYTES_MAX,

@@ -16,6 +16,9 @@ pub struct Tx<'a> {
     pinned_nodes: &'a HashMap<u64, Arc<Node>>,
     pinned_extents: &'a HashMap<ExtentRef, Arc<Vec<u8>>>,
     writes: BTreeMap<LogicalKey, Pending>,
+    /// Writes made by changing a few bytes of the value they replace (`put_spliced`): the
+    /// value changed and the byte range, so the redo log can take only those bytes.
+    splices: HashMap<LogicalKey, (Arc<Vec<u8>>, usize, usize)>,
     /// Live objects created minus destroyed by this operation.
     objects_delta: i64,
 }
@@ -33,6 +36,7 @@ impl<'a> Tx<'a> {
             pinned_nodes,
             pinned_extents,
             writes: BTreeMap::new(),
+            splices: HashMap::new(),
             objects_delta: 0,
         }
     }
@@ -43,8 +47,14 @@ impl<'a> Tx<'a> {
             .live_objects
             .saturating_add_signed(self.objects_delta);
         self.state.active.objects_delta += self.objects_delta;
+        let mut splices = self.splices;
         for (lk, pending) in self.writes {
-            self.state.active.insert(lk, pending);
+            match splices.remove(&lk) {
+                Some((base, lo, hi)) => {
+                    self.state.active.insert_spliced(lk, pending, &base, lo, hi)
+                }
+                None => self.state.active.insert(lk, pending),
+            }
         }
     }
 
@@ -174,6 +184,7 @@ impl<'a> Tx<'a> {
             }
         }
         let nohistory = nohistory || self.volume.options.nohistory;
+        self.splices.remove(&lk);
         self.writes.insert(
             lk,
             Pending {
@@ -183,6 +194,27 @@ impl<'a> Tx<'a> {
                 codec,
             },
         );
+        Ok(())
+    }
+
+    /// `put_with` of a value made from `base` (the value `get_bytes` returned for `lk`) by
+    /// writing bytes `lo..hi` and perhaps changing its length; bytes past `base`'s end
+    /// outside `lo..hi` must be zeros. Same effect as `put_with`; the redo log may record
+    /// only the changed bytes.
+    pub fn put_spliced(
+        &mut self,
+        lk: LogicalKey,
+        value: Arc<Vec<u8>>,
+        policy: (bool, u8),
+        base: &Arc<Vec<u8>>,
+        lo: usize,
+        hi: usize,
+    ) -> Step<()> {
+        let first_write = !self.writes.contains_key(&lk);
+        self.put_with(lk, Some(value), policy.0, policy.1)?;
+        if first_write {
+            self.splices.insert(lk, (base.clone(), lo, hi));
+        }
         Ok(())
     }
 
