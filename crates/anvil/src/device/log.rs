@@ -26,27 +26,34 @@ impl<D: Device> LogDevice<D> {
     }
 }
 
+impl<D: Device> LogDevice<D> {
+    /// Runs a write on the inner device and, once it is accepted, records it.
+    fn record_write(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        write: impl FnOnce(&D) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut log = self.log.lock();
+        write(&self.inner)?;
+        log.write_all(b"W")?;
+        log.write_all(&offset.to_le_bytes())?;
+        log.write_all(&(buf.len() as u32).to_le_bytes())?;
+        log.write_all(buf)
+    }
+}
+
 impl<D: Device> Device for LogDevice<D> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let mut log = self.log.lock();
-        self.inner.write_at(buf, offset)?;
-        log.write_all(b"W")?;
-        log.write_all(&offset.to_le_bytes())?;
-        log.write_all(&(buf.len() as u32).to_le_bytes())?;
-        log.write_all(buf)
+        self.record_write(buf, offset, |inner| inner.write_at(buf, offset))
     }
 
     fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let mut log = self.log.lock();
-        self.inner.write_staged_at(buf, offset)?;
-        log.write_all(b"W")?;
-        log.write_all(&offset.to_le_bytes())?;
-        log.write_all(&(buf.len() as u32).to_le_bytes())?;
-        log.write_all(buf)
+        self.record_write(buf, offset, |inner| inner.write_staged_at(buf, offset))
     }
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {

@@ -222,36 +222,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn reads_superblocks_without_a_space_map() {
-        let mut sb = sample();
-        sb.space_map_address = 0;
-        sb.space_map_bytes = 0;
-        sb.live_objects = 0;
-        sb.log_start = 0;
-        sb.log_salt = 0;
-        let mut bytes = sb.encode();
-        // Rewrite the block as an older build wrote it: payload ends after the label.
-        let (mut header, payload) = super::super::open_block(
-            &bytes,
-            &super::super::Expect {
-                block_type: BlockType::Superblock,
-                volume_id: None,
-                address: sb.address(),
-            },
-        )
-        .unwrap();
-        let short = payload[..payload.len() - 40].to_vec();
-        header.payload_bytes = short.len() as u32;
-        bytes = seal_block(&header, &short, BLOCK_BYTES as usize);
-        assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
-    }
-
-    #[test]
-    fn reads_superblocks_from_before_the_log_ring() {
-        let mut sb = sample();
-        sb.log_start = 0;
-        sb.log_salt = 0;
+    /// `sb` encoded as an older build of format `version` wrote it: its payload without
+    /// the last `dropped` bytes (fields that build did not have).
+    fn as_written_by_older(sb: &Superblock, dropped: usize, version: u16) -> Vec<u8> {
         let bytes = sb.encode();
         let (mut header, payload) = super::super::open_block(
             &bytes,
@@ -262,10 +235,31 @@ mod tests {
             },
         )
         .unwrap();
-        let short = payload[..payload.len() - 16].to_vec();
+        let short = payload[..payload.len() - dropped].to_vec();
         header.payload_bytes = short.len() as u32;
-        header.version = 2;
-        let bytes = seal_block(&header, &short, BLOCK_BYTES as usize);
+        header.version = version;
+        seal_block(&header, &short, BLOCK_BYTES as usize)
+    }
+
+    #[test]
+    fn reads_superblocks_without_a_space_map() {
+        let mut sb = sample();
+        sb.space_map_address = 0;
+        sb.space_map_bytes = 0;
+        sb.live_objects = 0;
+        sb.log_start = 0;
+        sb.log_salt = 0;
+        // The payload ends after the label.
+        let bytes = as_written_by_older(&sb, 40, 2);
+        assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
+    }
+
+    #[test]
+    fn reads_superblocks_from_before_the_log_ring() {
+        let mut sb = sample();
+        sb.log_start = 0;
+        sb.log_salt = 0;
+        let bytes = as_written_by_older(&sb, 16, 2);
         assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
     }
 
