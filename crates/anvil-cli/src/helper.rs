@@ -115,6 +115,7 @@ pub fn run(args: &[OsString]) -> Result<u8, String> {
     if request.fake {
         return Ok(0);
     }
+    crate::mount::set_quiet();
     crate::mount::run(
         &request.image,
         &request.dir,

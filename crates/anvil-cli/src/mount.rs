@@ -16,6 +16,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -161,6 +162,15 @@ fn daemon_args(args: &mut Vec<OsString>, options: &[String], log: Option<&Path>)
     args.push("-f".into());
 }
 
+/// Set by mount(8)'s helper: a successful mount prints nothing, as mount(8) does (scripts
+/// that compare a mount's output, xfstests among them, see any line as a difference).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Mounts print nothing on success from now on.
+pub fn set_quiet() {
+    QUIET.store(true, Ordering::Relaxed);
+}
+
 /// Runs this executable with `args` (a foreground mount) as a detached daemon and waits
 /// until it reports "ready" or an error.
 fn spawn_daemon(name: &str, dir: &Path, args: Vec<OsString>) -> Result<u8, String> {
@@ -189,11 +199,13 @@ fn spawn_daemon(name: &str, dir: &Path, args: Vec<OsString>) -> Result<u8, Strin
         .map_err(|e| e.to_string())?;
     let line = line.trim_end();
     if line == "ready" {
-        println!(
-            "mounted {name} on {} (daemon pid {})",
-            dir.display(),
-            child.id()
-        );
+        if !QUIET.load(Ordering::Relaxed) {
+            println!(
+                "mounted {name} on {} (daemon pid {})",
+                dir.display(),
+                child.id()
+            );
+        }
         return Ok(0);
     }
     let status = child.wait().map_err(|e| e.to_string())?;
