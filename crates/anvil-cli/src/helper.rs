@@ -3,7 +3,8 @@
 //! installed `anvil` binary; the binary acts as the helper when called by that name.
 //!
 //! mount(8) calls `mount.fuse.anvil SPEC DIR [-sfnv] [-o OPTIONS]`. Options that belong to
-//! mount(8) itself (`defaults`, `noauto`, `nofail`, `_netdev`, `x-*`, ...) are dropped;
+//! mount(8) itself (`defaults`, `noauto`, `nofail`, `_netdev`, `x-*`, ...) are dropped
+//! (`nosuid`, `nodev`, `noexec` and their opposites are kept: `anvil mount` sets them);
 //! `as_of=SPEC` and `log=FILE` stand for `--as-of` and `--log`; the rest are `anvil mount`'s.
 
 use std::ffi::OsString;
@@ -25,12 +26,6 @@ fn is_generic(option: &str) -> bool {
         "group",
         "nofail",
         "_netdev",
-        "exec",
-        "noexec",
-        "suid",
-        "nosuid",
-        "dev",
-        "nodev",
         "atime",
         "noatime",
         "relatime",

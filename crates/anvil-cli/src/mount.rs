@@ -34,6 +34,11 @@ struct Config {
     idle_workers: bool,
     /// O_DIRECT on the device (`device_io=direct`, the default) or the host's page cache.
     direct_io: bool,
+    /// The kernel's mount flags `nosuid`, `nodev`, `noexec` (off by default: a root mount
+    /// honours setuid bits and device files, as other file systems do).
+    nosuid: bool,
+    nodev: bool,
+    noexec: bool,
 }
 
 /// How requests reach the daemon: `auto` takes io_uring when the kernel offers it.
@@ -57,6 +62,9 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         queue_depth: uring::DEFAULT_QUEUE_DEPTH,
         idle_workers: true,
         direct_io: true,
+        nosuid: false,
+        nodev: false,
+        noexec: false,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -108,6 +116,12 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
                     _ => return Err("option device_io: direct or buffered".to_string()),
                 }
             }
+            "nosuid" => config.nosuid = true,
+            "suid" => config.nosuid = false,
+            "nodev" => config.nodev = true,
+            "dev" => config.nodev = false,
+            "noexec" => config.noexec = true,
+            "exec" => config.noexec = false,
             // Always on: accepted for compatibility with fstab habits.
             "allow_other" | "default_permissions" | "defaults" => {}
             _ => return Err(format!("unknown mount option {option:?}")),
@@ -355,6 +369,9 @@ fn serve_backend<B: Backend>(
             privileged: root,
             queue_depth: config.queue_depth,
             idle_workers: config.idle_workers,
+            nosuid: config.nosuid,
+            nodev: config.nodev,
+            noexec: config.noexec,
         };
         match uring::Session::mount(&*backend, dir, &mount_config) {
             Ok(session) => {
@@ -375,7 +392,7 @@ fn serve_backend<B: Backend>(
     }
     debug_assert!(!use_uring);
     log::info!("transport: classic /dev/fuse ({why})");
-    let mut session = classic_session(backend, dir, fs_name, read_only, root, config.threads)
+    let mut session = classic_session(backend, dir, fs_name, read_only, root, config)
         .map_err(|e| format!("cannot mount on {}: {e}", dir.display()))?;
     on_signal_unmount(dir, Some(session.unmount_callable()));
     announce();
@@ -429,8 +446,9 @@ fn classic_session<B: Backend>(
     fs_name: &str,
     read_only: bool,
     root: bool,
-    threads: usize,
+    config: &Config,
 ) -> std::io::Result<fuser::Session<Classic<B>>> {
+    let threads = config.threads;
     let mut mount_options = vec![
         fuser::MountOption::FSName(fs_name.to_string()),
         fuser::MountOption::Subtype("anvil".to_string()),
@@ -439,9 +457,19 @@ fn classic_session<B: Backend>(
     if read_only {
         mount_options.push(fuser::MountOption::RO);
     }
-    if root {
-        mount_options.push(fuser::MountOption::Dev);
-        mount_options.push(fuser::MountOption::Suid);
+    // Unprivileged mounts are nosuid and nodev whatever is asked (fusermount3's rule).
+    mount_options.push(if root && !config.nodev {
+        fuser::MountOption::Dev
+    } else {
+        fuser::MountOption::NoDev
+    });
+    mount_options.push(if root && !config.nosuid {
+        fuser::MountOption::Suid
+    } else {
+        fuser::MountOption::NoSuid
+    });
+    if config.noexec {
+        mount_options.push(fuser::MountOption::NoExec);
     }
     let mut fuse_config = fuser::Config::default();
     fuse_config.mount_options = mount_options;
