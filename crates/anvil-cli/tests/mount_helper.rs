@@ -191,3 +191,42 @@ fn nosuid_nodev_noexec_reach_the_kernel() {
         }
     }
 }
+
+/// `mount -o remount,ro` reaches the helper (mount(8) runs it for remounts too): the live
+/// mount turns read-only and back without a new daemon (xfstests remounts read-only often).
+#[test]
+fn remount_read_only_and_back() {
+    if !common::fuse_or_skip("remount_read_only_and_back") {
+        return;
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: remount_read_only_and_back: remounting needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("v.img");
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    mkfs(&image);
+    let helper = tmp.path().join("mount.fuse.anvil");
+    std::os::unix::fs::symlink(ANVIL, &helper).unwrap();
+    let run = |options: &str| {
+        let out = Command::new(&helper)
+            .arg(&image)
+            .arg(&dir)
+            .args(["-o", options])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "-o {options}: {out:?}");
+    };
+    run("rw");
+    std::fs::write(dir.join("a"), b"before").unwrap();
+    run("rw,remount,ro");
+    assert!(mount_options(&dir).iter().any(|o| o == "ro"));
+    let err = std::fs::write(dir.join("b"), b"read-only").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    assert_eq!(std::fs::read(dir.join("a")).unwrap(), b"before");
+    run("remount,rw");
+    std::fs::write(dir.join("b"), b"writable again").unwrap();
+    unmount_and_check(&image, &dir);
+}
