@@ -18,11 +18,12 @@
 # (default 300 s); a test over it is killed and counted as failed ("timeout"). --deadline stops
 # starting tests after that many minutes (per file system); the rest count as "notreached".
 #
-# anvil runs as FSTYP=fuse with FUSE_SUBTYP=.anvil-xfstests: TEST_DEV and SCRATCH_DEV are two
-# anvil image files, mounted by a mount(8) helper /sbin/mount.fuse.anvil-xfstests that this
-# script writes (it runs BIN, default target/release/anvil, as `mount.fuse.anvil`; the
-# system's /sbin/mount.fuse.anvil is left alone). For FSTYP=fuse xfstests does not re-make the
-# scratch file system, it empties it. ext4 uses two sparse image files on loop devices.
+# anvil runs as FSTYP=fuse with FUSE_SUBTYP=.anvil: TEST_DEV and SCRATCH_DEV are two anvil
+# image files. For the run, /sbin/mount.fuse.anvil is a wrapper that runs BIN (default
+# target/release/anvil) as mount(8)'s helper (remounts go through it too, found by the type
+# the kernel shows, fuse.anvil); the previous helper is put back at the end. For FSTYP=fuse
+# xfstests does not re-make the scratch file system, it empties it. ext4 uses two sparse image
+# files on loop devices.
 #
 # Environment: XFSTESTS_REPO (git URL or local clone to fetch from), XFSTESTS_COMMIT,
 # XFSTESTS_CACHE, XFSTESTS_WORK (images and mount points, default /var/tmp/anvil-xfstests),
@@ -37,7 +38,8 @@ XFSTESTS_COMMIT="${XFSTESTS_COMMIT:-69cd20bd0498f8d112623be88ce855c063091f19}"
 XFSTESTS_CACHE="${XFSTESTS_CACHE:-/var/cache/anvil/xfstests}"
 WORK="${XFSTESTS_WORK:-/var/tmp/anvil-xfstests}"
 IMG_SIZE="${XFSTESTS_IMG_SIZE:-8G}"
-HELPER_SUBTYPE="anvil-xfstests"
+HELPER=/sbin/mount.fuse.anvil
+HELPER_SAVED="$HELPER.before-xfstests"
 
 APT_PACKAGES=(
     acl attr automake bc dbench dump e2fsprogs fio gawk gcc git indent libacl1-dev
@@ -185,16 +187,23 @@ setup_anvil() {
     # mount(8) runs /sbin/mount.fuse.<subtype>; anvil acts as the helper when called
     # mount.fuse.anvil. The helper waits for an image that a daemon still holds after a
     # umount (xfstests mounts again at once) and keeps each daemon's log.
-    cat >"/sbin/mount.fuse.$HELPER_SUBTYPE" <<EOF
+    if [[ -e "$HELPER" || -L "$HELPER" ]] && [[ ! -e "$HELPER_SAVED" && ! -L "$HELPER_SAVED" ]]; then
+        mv "$HELPER" "$HELPER_SAVED"
+    fi
+    trap restore_helper EXIT
+    cat >"$HELPER" <<EOF
 #!/bin/bash
 # Written by anvil's scripts/xfstests.sh.
-for ((i = 0; i < 60; i++)); do
-    flock -n -x "\$1" true 2>/dev/null && break
-    sleep 0.5
-done
+# A remount keeps its daemon (which holds the image); a mount waits for the last one to exit.
+if [[ "\$*" != *remount* ]]; then
+    for ((i = 0; i < 60; i++)); do
+        flock -n -x "\$1" true 2>/dev/null && break
+        sleep 0.5
+    done
+fi
 exec -a mount.fuse.anvil "$ANVIL_BIN" "\$@" -o "log=$OUT/anvil/daemon.log"
 EOF
-    chmod 0755 "/sbin/mount.fuse.$HELPER_SUBTYPE"
+    chmod 0755 "$HELPER"
     # umount(8) for xfstests (it takes the first umount on PATH): retries "target is busy"
     # for up to 3 s and logs each retry. A statfs or lookup in flight from another process
     # (df walking all mounts, say) holds the mount for as long as the daemon takes to answer.
@@ -218,7 +227,7 @@ EOF
     PATH_PREFIX="$dir/bin:"
     cat >"$OUT/anvil/local.config" <<EOF
 export FSTYP=fuse
-export FUSE_SUBTYP=.$HELPER_SUBTYPE
+export FUSE_SUBTYP=.anvil
 export TEST_DEV=$dir/test.img
 export TEST_DIR=$dir/test
 export SCRATCH_DEV=$dir/scratch.img
@@ -240,7 +249,17 @@ teardown_anvil() {
             log "anvil check $img.img: FAILED (see $OUT/anvil/check-$img.txt)"
         fi
     done
-    rm -f "/sbin/mount.fuse.$HELPER_SUBTYPE"
+    restore_helper
+}
+
+# Puts back the mount helper that was there before the run (or none).
+restore_helper() {
+    if grep -qs "Written by anvil's scripts/xfstests.sh" "$HELPER"; then
+        rm -f "$HELPER"
+        if [[ -e "$HELPER_SAVED" || -L "$HELPER_SAVED" ]]; then
+            mv "$HELPER_SAVED" "$HELPER"
+        fi
+    fi
 }
 
 setup_ext4() {

@@ -519,9 +519,9 @@ fn struct_bytes<T: Abi>(value: &T) -> &[u8] {
 pub struct Uring<B: Backend>(pub Arc<B>);
 
 fn timestamp(t: anvil::fs::Time) -> Timestamp {
-    // FUSE carries unsigned seconds; times before 1970 are clamped (as on the classic path
-    // the kernel cannot represent them either).
-    Timestamp::new(t.sec.max(0) as u64, t.nsec)
+    // FUSE's seconds field is a u64 that the kernel reads back as a signed time64_t: times
+    // before 1970 travel as two's complement (as they do on the classic path through fuser).
+    Timestamp::new(t.sec as u64, t.nsec)
 }
 
 fn file_type(kind: FileKind) -> FileType {
