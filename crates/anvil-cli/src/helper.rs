@@ -3,11 +3,14 @@
 //! installed `anvil` binary; the binary acts as the helper when called by that name.
 //!
 //! mount(8) calls `mount.fuse.anvil SPEC DIR [-sfnv] [-o OPTIONS]`. Options that belong to
-//! mount(8) itself (`defaults`, `noauto`, `nofail`, `_netdev`, `x-*`, ...) are dropped;
+//! mount(8) itself (`defaults`, `noauto`, `nofail`, `_netdev`, `x-*`, ...) are dropped
+//! (`nosuid`, `nodev`, `noexec` and their opposites are kept: `anvil mount` sets them);
 //! `as_of=SPEC` and `log=FILE` stand for `--as-of` and `--log`; the rest are `anvil mount`'s.
+//! `-o remount,...` changes the flags of the live mount instead of starting a daemon.
 
-use std::ffi::OsString;
-use std::path::PathBuf;
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 /// The name mount(8) looks for (`/sbin/mount.fuse.anvil`).
 pub const NAME: &str = "mount.fuse.anvil";
@@ -25,12 +28,6 @@ fn is_generic(option: &str) -> bool {
         "group",
         "nofail",
         "_netdev",
-        "exec",
-        "noexec",
-        "suid",
-        "nosuid",
-        "dev",
-        "nodev",
         "atime",
         "noatime",
         "relatime",
@@ -115,6 +112,10 @@ pub fn run(args: &[OsString]) -> Result<u8, String> {
     if request.fake {
         return Ok(0);
     }
+    if request.options.iter().any(|o| o == "remount") {
+        return remount(&request.dir, &request.options);
+    }
+    crate::mount::set_quiet();
     crate::mount::run(
         &request.image,
         &request.dir,
@@ -124,6 +125,42 @@ pub fn run(args: &[OsString]) -> Result<u8, String> {
         request.as_of.as_deref(),
         None,
     )
+}
+
+/// `mount -o remount,...`: mount(8) runs the helper for a remount too. The kernel changes
+/// the live mount's flags (`ro`/`rw`, `nosuid`, `nodev`, `noexec`); the daemon serves on,
+/// and the options only a new daemon could take (`cache=`, ...) are left as they are.
+fn remount(dir: &Path, options: &[String]) -> Result<u8, String> {
+    let mut flags = libc::MS_REMOUNT;
+    for option in options {
+        match option.as_str() {
+            "ro" => flags |= libc::MS_RDONLY,
+            "rw" => flags &= !libc::MS_RDONLY,
+            "nosuid" => flags |= libc::MS_NOSUID,
+            "suid" => flags &= !libc::MS_NOSUID,
+            "nodev" => flags |= libc::MS_NODEV,
+            "dev" => flags &= !libc::MS_NODEV,
+            "noexec" => flags |= libc::MS_NOEXEC,
+            "exec" => flags &= !libc::MS_NOEXEC,
+            _ => {}
+        }
+    }
+    let target = CString::new(dir.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: a valid NUL-terminated target; a remount takes no source, type or data.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("cannot remount {}: {e}", dir.display()));
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -94,6 +94,10 @@ pub struct MountConfig {
     pub queue_depth: u16,
     /// Workers run under SCHED_IDLE (see `set_idle_policy`).
     pub idle_workers: bool,
+    /// The kernel's mount flags `nosuid`, `nodev` and `noexec` (mount(8)'s options).
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
 }
 
 /// A mounted, not yet serving, io_uring session.
@@ -114,7 +118,11 @@ impl Session {
                 .fs_name(config.fs_name.replace(',', "_"))
                 .default_permissions(true)
                 .read_only(config.read_only)
-                .custom_options("subtype=anvil");
+                .custom_options(if config.noexec {
+                    "subtype=anvil,noexec"
+                } else {
+                    "subtype=anvil"
+                });
             Arc::new(fractal_fuse::mount::fusermount(&options, dir)?)
         };
         let session = Session {
@@ -235,7 +243,17 @@ fn mount_directly(dir: &Path, config: &MountConfig) -> io::Result<OwnedFd> {
     let target = cstr(dir.as_os_str().as_bytes())?;
     let fstype = cstr(b"fuse.anvil")?;
     let data = cstr(options.as_bytes())?;
-    let flags = if config.read_only { libc::MS_RDONLY } else { 0 };
+    let mut flags = 0;
+    for (set, flag) in [
+        (config.read_only, libc::MS_RDONLY),
+        (config.nosuid, libc::MS_NOSUID),
+        (config.nodev, libc::MS_NODEV),
+        (config.noexec, libc::MS_NOEXEC),
+    ] {
+        if set {
+            flags |= flag;
+        }
+    }
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
     let rc = unsafe {
         libc::mount(
@@ -501,9 +519,9 @@ fn struct_bytes<T: Abi>(value: &T) -> &[u8] {
 pub struct Uring<B: Backend>(pub Arc<B>);
 
 fn timestamp(t: anvil::fs::Time) -> Timestamp {
-    // FUSE carries unsigned seconds; times before 1970 are clamped (as on the classic path
-    // the kernel cannot represent them either).
-    Timestamp::new(t.sec.max(0) as u64, t.nsec)
+    // FUSE's seconds field is a u64 that the kernel reads back as a signed time64_t: times
+    // before 1970 travel as two's complement (as they do on the classic path through fuser).
+    Timestamp::new(t.sec as u64, t.nsec)
 }
 
 fn file_type(kind: FileKind) -> FileType {
