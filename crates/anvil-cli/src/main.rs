@@ -95,6 +95,13 @@ enum Command {
         /// Seed for the subsets chosen by --reorder.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Also check the state after every write: what a crash of the daemon leaves (the
+        /// host keeps every write it was given).
+        #[arg(long)]
+        kills: bool,
+        /// Threads checking crash states (default: one per CPU).
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Show size, usage, object counts, current TID and last commit time.
     Info {
@@ -299,7 +306,20 @@ fn run(cli: Cli) -> Result<u8, String> {
             every,
             reorder,
             seed,
-        } => replay::replay_check(&base, &log, every, reorder, seed),
+            kills,
+            threads,
+        } => replay::replay_check(
+            &base,
+            &log,
+            &replay::ReplayOptions {
+                every,
+                reorder,
+                seed,
+                kills,
+                threads: threads
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            },
+        ),
         Command::Info { target, json } => info(&target, json),
         Command::Check { image, json } => check(&image, json),
         Command::Synctid { dir } => mount::synctid(&dir).map(|tid| {

@@ -1,52 +1,52 @@
-//! `anvil replay-check`: replays a device log (from `anvil mount --device-log`) onto a copy
-//! of the image as it was when the mount started, and checks the volume at flush points.
-//! A crash can leave the device as it was at any flush point, so each must open without
-//! repair and check clean. Between two flushes a device may persist the writes in any
-//! order, so with `--reorder K` each checked interval is also crashed K ways: a random
-//! subset of its writes applied in random order, some torn at a 512-byte sector boundary,
-//! on top of the previous flush point; each of those states must open and check clean too.
+//! `anvil replay-check`: replays a device log (from `anvil mount --device-log`) onto the
+//! image as it was when the mount started, and checks the volume at flush points. A crash
+//! can leave the device as it was at any flush point, so each must open without repair and
+//! check clean. Between two flushes a device may persist the writes in any order, so with
+//! `--reorder K` each checked interval is also crashed K ways: a random subset of its writes
+//! applied in random order, some torn at a 512-byte sector boundary, on top of the previous
+//! flush point. With `--kills`, the state after every write is checked too: what a crash of
+//! the daemon (not of the machine) leaves, since the host keeps every write it was given.
+//!
+//! The images live in memory as copy-on-write pages (`anvil::device::Pages`): a crash state
+//! copies only the pages its writes touch, and states are checked on every CPU.
 
-use anvil::device::{Device, FileDevice, LogReader, LogRecord};
+use anvil::device::{Device, LogReader, LogRecord, MemDevice, Pages};
 use anvil::{Filesystem, MountOptions};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-/// Copies `from` to `to` leaving holes where `from` has all-zero megabytes.
-fn sparse_copy(from: &Path, to: &Path) -> Result<(), String> {
-    let mut input = std::fs::File::open(from).map_err(|e| format!("{}: {e}", from.display()))?;
+/// Reads an image file into pages (all-zero stretches stay shared zero pages).
+fn load_image(path: &Path) -> Result<Pages, String> {
+    let mut input = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let len = input.metadata().map_err(|e| e.to_string())?.len();
-    let output = std::fs::File::create(to).map_err(|e| format!("{}: {e}", to.display()))?;
-    output.set_len(len).map_err(|e| e.to_string())?;
+    let mut pages = Pages::zeroed(len as usize);
     let mut buf = vec![0u8; 1 << 20];
     let mut offset = 0u64;
-    use std::os::unix::fs::FileExt;
     loop {
-        let n = input.read(&mut buf).map_err(|e| e.to_string())?;
+        let n = input
+            .read(&mut buf)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         if n == 0 {
-            return Ok(());
+            return Ok(pages);
         }
         if buf[..n].iter().any(|&b| b != 0) {
-            output
-                .write_all_at(&buf[..n], offset)
-                .map_err(|e| e.to_string())?;
+            pages.write(&buf[..n], offset);
         }
         offset += n as u64;
     }
 }
 
 /// Opens the image as it stands and checks it; None when clean.
-fn verify(image: &Path) -> Option<String> {
-    let device = match FileDevice::open(image, false) {
-        Ok(device) => device,
-        Err(e) => return Some(format!("cannot open: {e}")),
-    };
+fn verify(image: Pages) -> Option<String> {
     let options = MountOptions {
         read_only: true,
         commit_interval_ms: 0,
         ..Default::default()
     };
-    let fs = match Filesystem::open(Arc::new(device), options) {
+    let device: Arc<dyn Device> = Arc::new(MemDevice::from_pages(image));
+    let fs = match Filesystem::open(device, options) {
         Ok(fs) => fs,
         Err(e) => return Some(format!("does not mount: {e}")),
     };
@@ -77,131 +77,186 @@ impl Rng {
     }
 }
 
-/// Applies a random subset of `pending` (random order, some writes torn at a sector
-/// boundary) to `device`, verifies the image, and restores what was overwritten.
-fn check_reordered(
-    device: &FileDevice,
-    image: &Path,
-    pending: &[(u64, Vec<u8>)],
-    rng: &mut Rng,
-) -> Result<Option<String>, String> {
-    let mut order: Vec<usize> = (0..pending.len()).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    let keep = rng.below(pending.len() as u64 + 1) as usize;
-    let mut undo: Vec<(u64, Vec<u8>)> = Vec::with_capacity(keep);
-    for &i in &order[..keep] {
-        let (offset, data) = &pending[i];
-        let mut len = data.len();
-        // One write in four is torn: only its first sectors arrive.
-        if data.len() > 512 && rng.below(4) == 0 {
-            len = 512 * (1 + rng.below((data.len() / 512) as u64 - 1) as usize);
-        }
-        let mut old = vec![0u8; len];
-        device
-            .read_at(&mut old, *offset)
-            .map_err(|e| format!("reading for undo: {e}"))?;
-        device
-            .write_at(&data[..len], *offset)
-            .map_err(|e| e.to_string())?;
-        undo.push((*offset, old));
-    }
-    let problem = verify(image);
-    for (offset, old) in undo.iter().rev() {
-        device.write_at(old, *offset).map_err(|e| e.to_string())?;
-    }
-    Ok(problem.map(|p| format!("{keep} of {} writes in random order: {p}", pending.len())))
+/// One crash state to check.
+enum Job {
+    /// The device at a flush point.
+    Flush { image: Pages },
+    /// A random subset of the interval's writes (random order, some torn) on top of the
+    /// previous flush point.
+    Reordered {
+        durable: Pages,
+        pending: Arc<Vec<(u64, Vec<u8>)>>,
+        seed: u64,
+    },
+    /// Every write so far, in order: a crash of the process.
+    Killed { image: Pages },
 }
 
-pub fn replay_check(
-    base: &Path,
-    log: &Path,
-    every: u64,
-    reorder: u32,
-    seed: u64,
-) -> Result<u8, String> {
-    let work_dir = tempfile_dir()?;
-    let work = work_dir.join("replay.img");
-    sparse_copy(base, &work)?;
-    let device = FileDevice::open(&work, true).map_err(|e| e.to_string())?;
-    let input = std::fs::File::open(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let (mut flushes, mut checked, mut violations, mut writes) = (0u64, 0u64, 0u64, 0u64);
-    let mut reordered = 0u64;
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    // Writes since the last flush, not yet applied (only kept when reordering).
-    let mut pending: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut result = Ok(());
-    for record in LogReader::new(std::io::BufReader::with_capacity(1 << 20, input)) {
-        match record {
-            Ok(LogRecord::Write { offset, data }) => {
-                writes += 1;
-                if reorder > 0 {
-                    pending.push((offset, data));
-                } else if let Err(e) = device.write_at(&data, offset) {
-                    result = Err(format!("replaying write {writes}: {e}"));
-                    break;
-                }
+/// What a `Job` found: where it was, and the problem if any.
+struct Finding {
+    order: u64,
+    place: String,
+    problem: Option<String>,
+}
+
+fn run_job(job: Job) -> Option<String> {
+    match job {
+        Job::Flush { image } | Job::Killed { image } => verify(image),
+        Job::Reordered {
+            mut durable,
+            pending,
+            seed,
+        } => {
+            let mut rng = Rng(seed);
+            let mut order: Vec<usize> = (0..pending.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
             }
-            Ok(LogRecord::Flush) => {
-                flushes += 1;
-                let due = flushes % every.max(1) == 0;
-                if due && !pending.is_empty() {
-                    for _ in 0..reorder {
-                        reordered += 1;
-                        match check_reordered(&device, &work, &pending, &mut rng) {
-                            Ok(None) => {}
-                            Ok(Some(problem)) => {
-                                violations += 1;
-                                println!(
-                                    "crash before flush point {flushes} (after {writes} writes): {problem}"
+            let keep = rng.below(pending.len() as u64 + 1) as usize;
+            for &i in &order[..keep] {
+                let (offset, data) = &pending[i];
+                let mut len = data.len();
+                // One write in four is torn: only its first sectors arrive.
+                if data.len() > 512 && rng.below(4) == 0 {
+                    len = 512 * (1 + rng.below((data.len() / 512) as u64 - 1) as usize);
+                }
+                durable.write(&data[..len], *offset);
+            }
+            verify(durable)
+                .map(|p| format!("{keep} of {} writes in random order: {p}", pending.len()))
+        }
+    }
+}
+
+/// What to check besides every `every`-th flush point.
+pub struct ReplayOptions {
+    pub every: u64,
+    pub reorder: u32,
+    pub seed: u64,
+    /// Check the state after every write (a crash of the daemon).
+    pub kills: bool,
+    pub threads: usize,
+}
+
+pub fn replay_check(base: &Path, log: &Path, options: &ReplayOptions) -> Result<u8, String> {
+    let mut image = load_image(base)?;
+    let mut durable = image.clone();
+    let input = std::fs::File::open(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let (mut flushes, mut checked, mut writes, mut reordered, mut killed) = (0u64, 0, 0, 0, 0);
+    let mut rng = Rng(options.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    // Writes since the last flush.
+    let mut pending: Vec<(u64, Vec<u8>)> = Vec::new();
+    let findings: Mutex<Vec<Finding>> = Mutex::new(Vec::new());
+    let threads = options.threads.max(1);
+    let (sender, receiver) = mpsc::sync_channel::<(u64, String, Job)>(threads * 4);
+    let receiver = Mutex::new(receiver);
+    let started = std::time::Instant::now();
+    let result = std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let Ok((order, place, job)) = receiver
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .recv()
+                else {
+                    return;
+                };
+                let problem = run_job(job);
+                findings
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(Finding {
+                        order,
+                        place,
+                        problem,
+                    });
+            });
+        }
+        let mut order = 0u64;
+        let mut send = |place: String, job: Job| {
+            order += 1;
+            sender.send((order, place, job)).map_err(|e| e.to_string())
+        };
+        // The workers stop once the sender is gone, on every path out of the feeding.
+        let feed = || -> Result<(), String> {
+            for record in LogReader::new(std::io::BufReader::with_capacity(1 << 20, input)) {
+                match record.map_err(|e| format!("{}: {e}", log.display()))? {
+                    LogRecord::Write { offset, data } => {
+                        writes += 1;
+                        if offset + data.len() as u64 > image.len() as u64 {
+                            return Err(format!("write {writes} lies beyond the image"));
+                        }
+                        image.write(&data, offset);
+                        pending.push((offset, data));
+                        if options.kills {
+                            killed += 1;
+                            let place = format!("daemon killed after write {writes}");
+                            send(
+                                place,
+                                Job::Killed {
+                                    image: image.clone(),
+                                },
+                            )?;
+                        }
+                    }
+                    LogRecord::Flush => {
+                        flushes += 1;
+                        let due = flushes % options.every.max(1) == 0;
+                        if due && !pending.is_empty() && options.reorder > 0 {
+                            let pending = Arc::new(std::mem::take(&mut pending));
+                            for _ in 0..options.reorder {
+                                reordered += 1;
+                                let place = format!(
+                                    "crash before flush point {flushes} (after {writes} writes)"
                                 );
+                                let job = Job::Reordered {
+                                    durable: durable.clone(),
+                                    pending: pending.clone(),
+                                    seed: rng.next() | 1,
+                                };
+                                send(place, job)?;
                             }
-                            Err(e) => result = Err(e),
+                        }
+                        pending.clear();
+                        durable = image.clone();
+                        if due {
+                            checked += 1;
+                            let place = format!("flush point {flushes} (after {writes} writes)");
+                            send(
+                                place,
+                                Job::Flush {
+                                    image: durable.clone(),
+                                },
+                            )?;
                         }
                     }
                 }
-                if result.is_err() {
-                    break;
-                }
-                for (offset, data) in pending.drain(..) {
-                    if let Err(e) = device.write_at(&data, offset) {
-                        result = Err(format!("replaying a write before flush {flushes}: {e}"));
-                        break;
-                    }
-                }
-                if result.is_err() || !due {
-                    continue;
-                }
-                checked += 1;
-                if let Some(problem) = verify(&work) {
-                    violations += 1;
-                    println!("flush point {flushes} (after {writes} writes): {problem}");
-                }
             }
-            Err(e) => {
-                result = Err(format!("{}: {e}", log.display()));
-                break;
-            }
+            Ok(())
+        };
+        let fed = feed();
+        drop(sender);
+        fed
+    });
+    result?;
+    let mut findings = findings
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    findings.sort_by_key(|f| f.order);
+    let mut violations = 0u64;
+    for finding in &findings {
+        if let Some(problem) = &finding.problem {
+            violations += 1;
+            println!("{}: {problem}", finding.place);
         }
     }
-    let _ = std::fs::remove_dir_all(&work_dir);
-    result?;
+    let seconds = started.elapsed().as_secs_f64();
     println!(
         "replay-check: {writes} writes, {flushes} flush points, {checked} checked, \
-         {reordered} reordered crash states, {violations} violations"
+         {reordered} reordered crash states, {killed} daemon-kill states, {violations} \
+         violations ({} states in {seconds:.1} s on {threads} threads)",
+        findings.len()
     );
     let _ = std::io::stdout().flush();
     Ok(if violations == 0 { 0 } else { 3 })
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf, String> {
-    let base = std::env::temp_dir();
-    for attempt in 0..100u32 {
-        let dir = base.join(format!("anvil-replay-{}-{attempt}", std::process::id()));
-        if std::fs::create_dir(&dir).is_ok() {
-            return Ok(dir);
-        }
-    }
-    Err("cannot create a scratch directory".to_string())
 }

@@ -1,5 +1,6 @@
 //! A run on the real mount recorded with `--device-log` replays to every flush point, and
-//! each point mounts and checks clean; a log with a damaged write is reported.
+//! each point mounts and checks clean, as do reordered states inside flush intervals and
+//! the state after every write (a killed daemon); a log with a damaged write is reported.
 
 mod common;
 
@@ -82,8 +83,19 @@ fn every_flush_point_of_a_real_run_checks_clean() {
         "4".as_ref(),
         "--seed".as_ref(),
         "7".as_ref(),
+        "--kills".as_ref(),
     ]);
     assert!(report.contains(" 0 violations"), "{report}");
+    let killed: u64 = report
+        .split(" daemon-kill states")
+        .next()
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(killed >= 20, "{report}");
     let reordered: u64 = report
         .split(" reordered crash states")
         .next()
