@@ -9,11 +9,11 @@
 //! the epoch they follow; version 2 batches (whole 4096-byte blocks, no salt, no splices)
 //! are still read, for volumes last written by an older build.
 
-use super::coding::{Reader, Writer};
+use super::coding::Reader;
 use super::record::LogicalKey;
 use super::{
-    open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES, FORMAT_VERSION,
-    HEADER_BYTES,
+    append_block, open_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES,
+    FORMAT_VERSION, HEADER_BYTES,
 };
 use crate::error::{Error, Result};
 
@@ -62,47 +62,138 @@ pub struct LogBatch {
     pub entries: Vec<LogEntry>,
 }
 
-impl LogBatch {
-    /// Encodes to whole log units, addressed at `address`.
-    pub fn encode(&self, volume_id: VolumeId, address: u64) -> Vec<u8> {
-        let mut w = Writer::default();
-        w.u64(self.seq);
-        w.u64(self.next_obj);
-        w.u64(self.salt);
-        w.u64(self.follows);
-        w.u64(self.follows_count);
-        w.u32(self.entries.len() as u32);
-        for entry in &self.entries {
+/// A batch's fields besides its entries.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchHead {
+    pub epoch: u64,
+    pub seq: u64,
+    pub next_obj: u64,
+    pub salt: u64,
+    pub follows: u64,
+    pub follows_count: u64,
+}
+
+/// An entry to encode, borrowing its bytes (`LogEntry` owns them).
+#[derive(Clone, Copy, Debug)]
+pub struct EntryRef<'a> {
+    pub lk: LogicalKey,
+    pub replaces: u64,
+    pub value: ValueRef<'a>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum ValueRef<'a> {
+    Delete,
+    Put(&'a [u8]),
+    Splice { len: u32, at: u32, bytes: &'a [u8] },
+}
+
+/// Fixed payload fields: seq, next_obj, salt, follows, follows_count, count.
+const BATCH_FIELDS_BYTES: usize = 5 * 8 + 4;
+
+impl ValueRef<'_> {
+    fn encoded_bytes(&self) -> usize {
+        match self {
+            ValueRef::Delete => 0,
+            ValueRef::Put(bytes) => 4 + bytes.len(),
+            ValueRef::Splice { bytes, .. } => 12 + bytes.len(),
+        }
+    }
+}
+
+/// Bytes a batch of `entries` occupies (header, payload, padding to whole units).
+pub fn batch_bytes(entries: &[EntryRef<'_>]) -> u64 {
+    let payload: usize = BATCH_FIELDS_BYTES
+        + entries
+            .iter()
+            .map(|e| LOG_ENTRY_BYTES_MIN + e.value.encoded_bytes())
+            .sum::<usize>();
+    units(HEADER_BYTES + payload, FORMAT_VERSION)
+}
+
+/// Appends the batch, addressed at `address`, to `out` (no intermediate copy of the
+/// values). Returns the bytes appended (`batch_bytes(entries)`).
+pub fn append_batch(
+    out: &mut Vec<u8>,
+    volume_id: VolumeId,
+    address: u64,
+    head: &BatchHead,
+    entries: &[EntryRef<'_>],
+) -> u64 {
+    let header = BlockHeader {
+        version: FORMAT_VERSION,
+        block_type: BlockType::Log,
+        volume_id,
+        tid: head.epoch,
+        address,
+        payload_bytes: 0,
+    };
+    let appended = append_block(out, &header, LOG_UNIT_BYTES as usize, |w| {
+        w.u64(head.seq);
+        w.u64(head.next_obj);
+        w.u64(head.salt);
+        w.u64(head.follows);
+        w.u64(head.follows_count);
+        w.u32(entries.len() as u32);
+        for entry in entries {
             w.u64(entry.lk.obj);
             w.u8(entry.lk.rtype);
             w.u64(entry.lk.key);
             w.u64(entry.replaces);
-            match &entry.value {
-                LogValue::Delete => w.u8(0),
-                LogValue::Put(bytes) => {
+            match entry.value {
+                ValueRef::Delete => w.u8(0),
+                ValueRef::Put(bytes) => {
                     w.u8(1);
                     w.u32(bytes.len() as u32);
                     w.raw(bytes);
                 }
-                LogValue::Splice { len, at, bytes } => {
+                ValueRef::Splice { len, at, bytes } => {
                     w.u8(2);
-                    w.u32(*len);
-                    w.u32(*at);
+                    w.u32(len);
+                    w.u32(at);
                     w.u32(bytes.len() as u32);
                     w.raw(bytes);
                 }
             }
         }
-        let header = BlockHeader {
-            version: FORMAT_VERSION,
-            block_type: BlockType::Log,
-            volume_id,
-            tid: self.epoch,
-            address,
-            payload_bytes: w.len() as u32,
+    });
+    debug_assert_eq!(appended as u64, batch_bytes(entries));
+    appended as u64
+}
+
+impl LogEntry {
+    pub fn as_ref(&self) -> EntryRef<'_> {
+        EntryRef {
+            lk: self.lk,
+            replaces: self.replaces,
+            value: match &self.value {
+                LogValue::Delete => ValueRef::Delete,
+                LogValue::Put(bytes) => ValueRef::Put(bytes),
+                LogValue::Splice { len, at, bytes } => ValueRef::Splice {
+                    len: *len,
+                    at: *at,
+                    bytes,
+                },
+            },
+        }
+    }
+}
+
+impl LogBatch {
+    /// Encodes to whole log units, addressed at `address`.
+    pub fn encode(&self, volume_id: VolumeId, address: u64) -> Vec<u8> {
+        let head = BatchHead {
+            epoch: self.epoch,
+            seq: self.seq,
+            next_obj: self.next_obj,
+            salt: self.salt,
+            follows: self.follows,
+            follows_count: self.follows_count,
         };
-        let total = units(HEADER_BYTES + w.len(), FORMAT_VERSION);
-        seal_block(&header, &w.bytes, total as usize)
+        let entries: Vec<EntryRef<'_>> = self.entries.iter().map(LogEntry::as_ref).collect();
+        let mut out = Vec::with_capacity(batch_bytes(&entries) as usize);
+        append_batch(&mut out, volume_id, address, &head, &entries);
+        out
     }
 
     /// Total bytes a batch with this header claims, bounded by `space_bytes`.
@@ -202,6 +293,8 @@ fn units(bytes: usize, version: u16) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::coding::Writer;
+    use super::super::seal_block;
     use super::*;
 
     #[test]

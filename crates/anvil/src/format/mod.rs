@@ -67,27 +67,50 @@ pub struct BlockHeader {
 }
 
 const CHECKSUM_AT: usize = 48;
+const PAYLOAD_BYTES_AT: usize = 40;
 
 /// Builds a block: header, then payload; the checksum covers both (checksum field as zero).
 pub fn seal_block(header: &BlockHeader, payload: &[u8], block_bytes: usize) -> Vec<u8> {
     debug_assert!(HEADER_BYTES + payload.len() <= block_bytes);
-    let mut w = Writer::with_capacity(block_bytes);
+    let mut out = Vec::with_capacity(block_bytes);
+    append_block(&mut out, header, block_bytes, |w| w.raw(payload));
+    out
+}
+
+/// Appends a block to `out`: header, the payload `write` produces, zeros up to a multiple
+/// of `unit` bytes. The header's `payload_bytes` is what `write` wrote. Returns the bytes
+/// appended.
+pub fn append_block(
+    out: &mut Vec<u8>,
+    header: &BlockHeader,
+    unit: usize,
+    write: impl FnOnce(&mut Writer),
+) -> usize {
+    let start = out.len();
+    let mut w = Writer {
+        bytes: std::mem::take(out),
+    };
     w.u32(BLOCK_MAGIC);
     w.u16(header.version);
     w.u16(header.block_type as u16);
     w.raw(&header.volume_id);
     w.u64(header.tid);
     w.u64(header.address);
-    w.u32(payload.len() as u32);
+    w.u32(0); // payload length, filled below
     w.u32(0);
     w.u64(0); // checksum, filled below
     w.u64(0);
-    w.raw(payload);
+    write(&mut w);
     let mut bytes = w.bytes;
-    let sum = checksum(&bytes[..HEADER_BYTES + payload.len()]);
-    bytes[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
-    bytes.resize(block_bytes, 0);
-    bytes
+    let payload = bytes.len() - start - HEADER_BYTES;
+    bytes[start + PAYLOAD_BYTES_AT..start + PAYLOAD_BYTES_AT + 4]
+        .copy_from_slice(&(payload as u32).to_le_bytes());
+    let sum = checksum(&bytes[start..]);
+    bytes[start + CHECKSUM_AT..start + CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
+    let total = (HEADER_BYTES + payload).div_ceil(unit) * unit;
+    bytes.resize(start + total, 0);
+    *out = bytes;
+    total
 }
 
 /// What a reader expects of a block it is about to trust.

@@ -24,7 +24,10 @@ use crate::btree::{self, Loader, Need, Root, Stop};
 use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::format::log::{LogBatch, LogEntry, LogValue, LOG_UNIT_BYTES};
+use crate::format::log::{
+    append_batch, batch_bytes, BatchHead, EntryRef, LogBatch, LogEntry, LogValue, ValueRef,
+    LOG_UNIT_BYTES,
+};
 use crate::format::node::Node;
 use crate::format::record::{
     rtype, Element, ExtentRef, Key, LogicalKey, Payload, Timestamp, DATA_INLINE_BYTES_MAX,
@@ -157,16 +160,15 @@ impl LogRing {
         }
     }
 
-    /// A batch of the current epoch holding `entries`.
-    fn batch(&self, next_obj: u64, entries: Vec<LogEntry>) -> LogBatch {
-        LogBatch {
+    /// The fields of the next batch of the current epoch.
+    fn batch_head(&self, next_obj: u64) -> BatchHead {
+        BatchHead {
             epoch: self.epoch,
             seq: self.seq,
             next_obj,
             salt: self.salt,
             follows: self.follows,
             follows_count: self.follows_count,
-            entries,
         }
     }
 
@@ -197,23 +199,23 @@ fn take_unlogged(overlay: &mut Overlay) -> Vec<Unlogged> {
         .collect()
 }
 
-/// Log entries for changes taken by `take_unlogged`.
-fn log_entries(changes: &[Unlogged]) -> Vec<LogEntry> {
+/// Log entries for changes taken by `take_unlogged`, borrowing their values.
+fn log_entries(changes: &[Unlogged]) -> Vec<EntryRef<'_>> {
     changes
         .iter()
-        .map(|(lk, replaces, value, dirty)| LogEntry {
+        .map(|(lk, replaces, value, dirty)| EntryRef {
             lk: *lk,
             replaces: *replaces,
             value: match (value, dirty) {
-                (None, _) => LogValue::Delete,
-                (Some(v), Dirty::Whole) => LogValue::Put(v.to_vec()),
+                (None, _) => ValueRef::Delete,
+                (Some(v), Dirty::Whole) => ValueRef::Put(v),
                 (Some(v), Dirty::Bytes { lo, hi }) => {
                     let hi = (*hi).min(v.len());
                     let lo = (*lo).min(hi);
-                    LogValue::Splice {
+                    ValueRef::Splice {
                         len: v.len() as u32,
                         at: lo as u32,
-                        bytes: v[lo..hi].to_vec(),
+                        bytes: &v[lo..hi],
                     }
                 }
             },
@@ -1112,11 +1114,8 @@ impl Volume {
             sb.next_obj = st.next_obj;
             (frozen, st.root.clone(), sb, unlogged, st.next_obj)
         };
-        if !unlogged.is_empty() {
-            let batch = ring.batch(next_obj, log_entries(&unlogged));
-            if !self.append(&mut ring, &batch)? {
-                ring.frozen_unlogged = true;
-            }
+        if !unlogged.is_empty() && !self.append(&mut ring, next_obj, &log_entries(&unlogged))? {
+            ring.frozen_unlogged = true;
         }
         ring.follows = ring.epoch;
         ring.follows_count = ring.seq;
@@ -1403,8 +1402,7 @@ impl Volume {
                 }
                 (take_unlogged(&mut st.active), st.next_obj)
             };
-            let batch = ring.batch(next_obj, log_entries(&unlogged));
-            if self.append(&mut ring, &batch)? {
+            if self.append(&mut ring, next_obj, &log_entries(&unlogged))? {
                 return Ok(());
             }
             return_unlogged(&mut self.state.lock().active, &unlogged);
@@ -1422,27 +1420,28 @@ impl Volume {
     /// append left it), the batch, zeros to the page's end. A write of part of a page that
     /// the host no longer caches would first read the page from the device: measured, that
     /// read doubled the cost of a small create on a loop device.
-    fn append(&self, ring: &mut LogRing, batch: &LogBatch) -> Result<bool> {
-        let mut bytes = batch.encode(self.volume_id, LOG_OFFSET + ring.head);
-        let len = bytes.len() as u64;
+    fn append(&self, ring: &mut LogRing, next_obj: u64, entries: &[EntryRef<'_>]) -> Result<bool> {
+        let len = batch_bytes(entries);
         if len > ring.batch_bytes_max() {
             return Ok(false);
         }
         let Some(pos) = ring.place(len) else {
             return Ok(false);
         };
-        let prefix: &[u8] = if pos == ring.head {
-            &ring.page
-        } else {
-            bytes = batch.encode(self.volume_id, LOG_OFFSET + pos);
-            &[]
-        };
+        let prefix: &[u8] = if pos == ring.head { &ring.page } else { &[] };
         let start = pos - prefix.len() as u64;
         debug_assert_eq!(start % LOG_PAGE_BYTES, 0);
         let end = (pos + len).div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES;
         let mut pages = Vec::with_capacity((end - start) as usize);
         pages.extend_from_slice(prefix);
-        pages.extend_from_slice(&bytes);
+        let fields = ring.batch_head(next_obj);
+        append_batch(
+            &mut pages,
+            self.volume_id,
+            LOG_OFFSET + pos,
+            &fields,
+            entries,
+        );
         pages.resize((end - start) as usize, 0);
         if let Err(e) = self.device.write_staged_at(&pages, LOG_OFFSET + start) {
             let e = Error::Io(e);
