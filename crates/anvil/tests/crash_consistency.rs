@@ -289,6 +289,11 @@ fn fixed_workloads() -> Vec<(&'static str, Vec<Step>)> {
                         let ino = fs.resolve("/p")?;
                         fs.write(ino, 8192, &pattern(4096, 6)).map(|_| ())
                     }),
+                    // The same page again, same group: the log takes only these bytes.
+                    op(|fs| {
+                        let ino = fs.resolve("/p")?;
+                        fs.write(ino, 9000, &pattern(50, 16)).map(|_| ())
+                    }),
                     Step::Fsync,
                     op(|fs| {
                         let ino = fs.resolve("/p")?;

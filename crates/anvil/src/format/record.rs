@@ -553,11 +553,7 @@ pub mod patch {
             if own_bitmap & (1 << page) == 0 {
                 return None;
             }
-            // The page's place in the earlier payload: the lengths of its pages before it.
-            let mut from = 0;
-            for before in (0..page).filter(|p| own_bitmap & (1 << p) != 0) {
-                from += page_range(before, chunk_len)?.len();
-            }
+            let from = payload_offset(own_bitmap, chunk_len, range.start)?;
             let mut bytes = own_payload.get(from..from + range.len())?.to_vec();
             let lo = range.start.max(at);
             let hi = range.end.min(end);
@@ -567,6 +563,21 @@ pub mod patch {
             out.extend_from_slice(&bytes);
         }
         Some(out)
+    }
+
+    /// Where chunk byte `at` lies in the payload of a patch with `bitmap`: the lengths of
+    /// the patch's pages before its page, plus its place in that page. None if its page is
+    /// not in the patch or outside the chunk.
+    pub fn payload_offset(bitmap: u16, chunk_len: usize, at: usize) -> Option<usize> {
+        let page = (at as u64 / PAGE_BYTES) as u32;
+        if page >= PAGES || bitmap & (1 << page) == 0 {
+            return None;
+        }
+        let mut from = 0;
+        for before in (0..page).filter(|p| bitmap & (1 << p) != 0) {
+            from += page_range(before, chunk_len)?.len();
+        }
+        Some(from + at - page_range(page, chunk_len)?.start)
     }
 
     /// The pages a byte range `[from, to)` of a chunk touches.

@@ -208,12 +208,22 @@ pub(super) fn try_patch(
         // The wider patch covers every page of the narrower one.
         tx.put_with(patch_lk(obj, old), None, nohistory, codec)?;
     }
-    tx.put_with(
-        patch_lk(obj, key),
-        Some(Arc::new(payload)),
-        nohistory,
-        codec,
-    )?;
+    let lk = patch_lk(obj, key);
+    // Rewriting bytes of this group's own patch, pages unchanged: the log needs only them.
+    let spliced = own.filter(|&old| old == key).and(own_payload.as_ref()).zip(
+        patch::payload_offset(bitmap, chunk_len, at).zip(patch::payload_offset(
+            bitmap,
+            chunk_len,
+            end - 1,
+        )),
+    );
+    match spliced {
+        Some((base, (lo, last))) => {
+            let payload = Arc::new(payload);
+            tx.put_spliced(lk, payload, (nohistory, codec), base, lo, last + 1)?
+        }
+        None => tx.put_with(lk, Some(Arc::new(payload)), nohistory, codec)?,
+    }
     Ok(outcome)
 }
 
