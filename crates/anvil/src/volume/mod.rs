@@ -1380,10 +1380,11 @@ impl Volume {
         loop {
             let mut ring = self.log.lock();
             if self.is_read_only() {
-                return if self.state.lock().active.log_dirty.is_empty() {
-                    Ok(())
-                } else {
-                    Err(self.read_only_error())
+                // A failure stopped the volume: changes waiting in memory (this caller's
+                // among them, perhaps in a group whose commit failed) will not be durable.
+                return match self.has_pending() {
+                    true => Err(self.read_only_error()),
+                    false => Ok(()),
                 };
             }
             if ring.frozen_unlogged {
