@@ -79,3 +79,31 @@ fn second_mount_refused_and_sigterm_commits() {
     );
     mount.unmount();
 }
+
+/// fallocate reserves nothing ahead (copy-on-write allocates at commit), but it does not
+/// promise space the volume lacks: asking for more than is free fails with ENOSPC and
+/// leaves the file as it was (xfstests generic/213).
+#[test]
+fn fallocate_beyond_free_space_is_enospc() {
+    if !common::fuse_or_skip("fallocate_beyond_free_space_is_enospc") {
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    let mount = common::Mount::with_size("64M");
+    let path = mount.path().join("f");
+    let file = std::fs::File::create(&path).unwrap();
+    // SAFETY: fallocate on a descriptor this test owns.
+    let too_much = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, 1 << 30) };
+    assert_eq!(too_much, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOSPC)
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+    // SAFETY: as above.
+    let fits = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, 1 << 20) };
+    assert_eq!(fits, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 1 << 20);
+    drop(file);
+    mount.unmount();
+}

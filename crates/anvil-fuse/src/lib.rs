@@ -709,12 +709,18 @@ impl Backend for AnvilFuse {
             return Err(libc::EROFS);
         }
         // Plain allocation extends the file; space is not reserved ahead (copy-on-write
-        // allocates at commit), so only the size effect is provided.
+        // allocates at commit), so only the size effect is provided, and a request for more
+        // than the volume has free fails as allocating it would.
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
             return Err(libc::EOPNOTSUPP);
         }
         let end = offset.saturating_add(length);
         let attr = self.fs.getattr(ino).map_err(|e| errno(&e))?;
+        let statfs = self.fs.statfs();
+        let available = statfs.blocks_available * u64::from(statfs.block_bytes);
+        if end.saturating_sub(attr.size.max(offset)) > available {
+            return Err(libc::ENOSPC);
+        }
         if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > attr.size {
             let changes = SetAttr {
                 size: Some(end),
