@@ -162,14 +162,19 @@ pub fn replay_check(base: &Path, log: &Path, options: &ReplayOptions) -> Result<
                     return;
                 };
                 let problem = run_job(job);
-                findings
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(Finding {
-                        order,
-                        place,
-                        problem,
-                    });
+                let mut findings = findings.lock().unwrap_or_else(PoisonError::into_inner);
+                findings.push(Finding {
+                    order,
+                    place,
+                    problem,
+                });
+                if findings.len() % 20_000 == 0 {
+                    let seconds = started.elapsed().as_secs_f64();
+                    eprintln!(
+                        "replay-check: {} states checked in {seconds:.0} s",
+                        findings.len()
+                    );
+                }
             });
         }
         let mut order = 0u64;
