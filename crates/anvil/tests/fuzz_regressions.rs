@@ -49,18 +49,45 @@ fn open_image_regressions() {
     replay("open_image", fuzz_harness::open_image);
 }
 
+/// The fast target's own crashers, and the `open_image` inputs replayed over its small image
+/// (same input format, different blocks behind the selectors).
+#[test]
+fn open_image_fast_regressions() {
+    replay("open_image_fast", fuzz_harness::open_image_fast);
+    replay("open_image", fuzz_harness::open_image_fast);
+}
+
+/// The small image has what the big one has: a two-level tree (leaves and internal nodes),
+/// every kind of headed block (a redo-log batch, space maps), and it opens both ways.
+#[test]
+fn small_seed_image_has_every_structure() {
+    let types = |image: &fuzz_harness::SeedImage| {
+        let mut types: Vec<u16> = image.headed.iter().map(|b| b.block_type).collect();
+        types.sort();
+        types.dedup();
+        types
+    };
+    let small = fuzz_harness::small_seed_image();
+    assert_eq!(types(small), types(fuzz_harness::seed_image()));
+    assert!(fuzz_harness::open_image_fast(&[0]));
+    assert!(fuzz_harness::open_image_fast(&[
+        fuzz_harness::OPEN_READ_WRITE
+    ]));
+}
+
 /// The generated seed corpus is what the fuzzers start from: every block seed must get past
 /// the harness's header fix-up and decode, or the fuzzer would start from dead inputs; the
 /// unpatched image must open (patched ones may fail cleanly).
 #[test]
 fn seed_corpus_is_accepted() {
     let seeds = fuzz_harness::seed_corpus();
-    for target in ["decode_blocks", "open_image"] {
+    for target in ["decode_blocks", "open_image", "open_image_fast"] {
         assert!(seeds.iter().filter(|s| s.0 == target).count() >= 3);
     }
     for (target, name, bytes) in &seeds {
         let accepted = match *target {
             "decode_blocks" => fuzz_harness::decode_block(bytes),
+            "open_image_fast" => fuzz_harness::open_image_fast(bytes) || name.starts_with("patch"),
             _ => fuzz_harness::open_image(bytes) || name.starts_with("patch"),
         };
         assert!(accepted, "seed {target}/{name} rejected");
