@@ -222,7 +222,14 @@ fn apply_node(
                     break;
                 }
             }
-            debug_assert!(new_children.windows(2).all(|w| w[0].first < w[1].first));
+            // A damaged child (keys outside the range its parent gives it) rebuilds with a
+            // first key out of order with its siblings: refuse to write that tree.
+            if !new_children.windows(2).all(|w| w[0].first < w[1].first) {
+                return Err(Error::corrupt(
+                    "a child's keys lie outside the range its parent gives it",
+                    format!("internal node at byte {address}"),
+                ));
+            }
             if new_children.is_empty() {
                 return Ok(Vec::new());
             }

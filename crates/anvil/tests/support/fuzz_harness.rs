@@ -295,11 +295,11 @@ pub fn build_small_image() -> Vec<u8> {
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options(false)).unwrap();
     fs.mkdir_path("/d").unwrap();
     fs.mkdir_path("/d/sub").unwrap();
-    // All inline (incompressible, at most 1,980 bytes each), more than a leaf holds: the
+    // Inline (incompressible, at most 1,980 bytes each) and more than a leaf holds: the
     // tree splits.
     let noise = noise(12_000);
-    for i in 0..16usize {
-        let len = 300 + (i % 8) * 240;
+    for i in 0..9usize {
+        let len = 1800 + (i % 3) * 90;
         fs.write_file(&format!("/d/f{i}"), &noise[i * 500..i * 500 + len])
             .unwrap();
     }
