@@ -18,6 +18,7 @@
 #                          (default: fuzz/target/fuzz-count/<UTC time>)
 #   FUZZ_TRACE_COMPARES=all  also build open_image_fast with comparison tracing (slower)
 #   FUZZ_NICE=N            nice level of the fuzzers and builds (default 19)
+#   FUZZ_MINIMIZE=N        new artifacts minimised per target (default 3)
 set -euo pipefail
 
 usage() {
@@ -132,15 +133,30 @@ for t in "${targets[@]}"; do
     if [[ $((crashes + timeouts + ooms)) -gt 0 || -n $new ]]; then
         failed=1
     fi
+    minimise_max=${FUZZ_MINIMIZE:-3}
+    count=0
     for artifact in $new; do
+        count=$((count + 1))
+        if [[ $count -gt $minimise_max ]]; then
+            echo "   ($(wc -w <<<"$new") new artifacts in $artifacts; minimised the first $minimise_max)"
+            break
+        fi
         name=$(basename "$artifact")
         minimized="$artifacts/minimized-$name"
+        scratch=$(mktemp -d)
         echo "== minimising $name"
         # shellcheck disable=SC2046
         (cd "$fuzz" && run_nice "$(binary "$t")" $(target_flags "$t") -minimize_crash=1 \
-            -runs=20000 -exact_artifact_path="$minimized" "$artifact") \
+            -runs=20000 -artifact_prefix="$scratch/" "$artifact") \
             >"$out/$t.minimize-$name.log" 2>&1 || true
-        [[ -s $minimized ]] || minimized=$artifact
+        smallest=$(find "$scratch" -type f -size +0 -printf '%s %p\n' | sort -n | head -n 1 \
+            | cut -d' ' -f2-)
+        if [[ -n $smallest ]]; then
+            cp "$smallest" "$minimized"
+        else
+            minimized=$artifact
+        fi
+        rm -rf "$scratch"
         echo "   reproduce: $(binary "$t") $minimized"
         echo "   regression input: cp $minimized" \
             "crates/anvil/tests/fuzz-regressions/$t/<what-it-found>" \

@@ -19,7 +19,9 @@ struct Capped;
 
 #[cold]
 fn too_big(bytes: usize) -> ! {
-    eprintln!("==fuzz== ERROR: allocation of {bytes} bytes (over {ALLOCATION_BYTES_MAX})");
+    // The backtrace's own allocations are small: they pass the check.
+    let trace = std::backtrace::Backtrace::force_capture();
+    eprintln!("==fuzz== ERROR: allocation of {bytes} bytes (over {ALLOCATION_BYTES_MAX})\n{trace}");
     std::process::abort()
 }
 
