@@ -7,8 +7,67 @@
 mod fuzz_harness;
 
 use anvil::device::Device;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// One allocation larger than this aborts the test binary, as it aborts the fuzz targets
+/// (`fuzz/src/lib.rs`): hostile bytes must not make the engine allocate without bound.
+const ALLOCATION_BYTES_MAX: usize = 256 << 20;
+
+struct Capped;
+
+/// The input being replayed, for `too_big` to name.
+static REPLAYING: Mutex<String> = Mutex::new(String::new());
+
+#[cold]
+fn too_big(bytes: usize) -> ! {
+    // Straight to the file descriptor: the test harness's output capture is lost on abort.
+    let trace = std::backtrace::Backtrace::force_capture();
+    let input = REPLAYING.try_lock().map(|p| p.clone()).unwrap_or_default();
+    let _ = writeln!(
+        std::io::stderr(),
+        "allocation of {bytes} bytes (over {ALLOCATION_BYTES_MAX}) replaying {input}\n{trace}"
+    );
+    std::process::abort()
+}
+
+// SAFETY: forwards to the system allocator unchanged, after a size check.
+unsafe impl GlobalAlloc for Capped {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > ALLOCATION_BYTES_MAX {
+            too_big(layout.size());
+        }
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > ALLOCATION_BYTES_MAX {
+            too_big(layout.size());
+        }
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > ALLOCATION_BYTES_MAX {
+            too_big(new_size);
+        }
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Capped = Capped;
 
 fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -28,10 +87,12 @@ fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-/// Runs every input, then fails naming each one that panicked.
+/// Runs every input, then fails naming each one that panicked. (An input that allocates
+/// without bound aborts the binary instead, naming itself.)
 fn replay(target: &str, run: impl Fn(&[u8]) -> bool) {
     let mut panicked = Vec::new();
     for (path, bytes) in inputs(target) {
+        *REPLAYING.lock().unwrap() = path.display().to_string();
         if catch_unwind(AssertUnwindSafe(|| run(&bytes))).is_err() {
             panicked.push(path.display().to_string());
         }
@@ -55,6 +116,19 @@ fn open_image_regressions() {
 fn open_image_fast_regressions() {
     replay("open_image_fast", fuzz_harness::open_image_fast);
     replay("open_image", fuzz_harness::open_image_fast);
+}
+
+/// Crashers whose fix belongs in engine code being reworked elsewhere: `cargo test -p anvil
+/// --test fuzz_regressions -- --ignored` aborts on them until then. Once fixed, move each
+/// into `fuzz-regressions/<target>/` and drop this test.
+///
+/// - `open_image_fast/crash-extent-run-buffer-before-bounds-check`: a leaf's extent claims
+///   `stored_bytes` near 4 GiB; `Volume::read_extents_keeping` (`volume/mod.rs`) sizes its
+///   run buffer from it (1.8 GB) before `extent_in_bounds` rejects the extent.
+#[test]
+#[ignore = "needs the read_extents_keeping fix in crates/anvil/src/volume/mod.rs"]
+fn pending_regressions() {
+    replay("pending/open_image_fast", fuzz_harness::open_image_fast);
 }
 
 /// The small image has what the big one has: a two-level tree (leaves and internal nodes),
