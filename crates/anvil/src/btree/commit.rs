@@ -138,7 +138,14 @@ impl CommitContext<'_> {
 
 /// Applies `mutations` (sorted by key, unique keys) to the tree under `root`.
 pub fn apply(ctx: &mut CommitContext<'_>, root: Root, mutations: &[Mutation]) -> Result<Root> {
-    debug_assert!(mutations.windows(2).all(|w| w[0].key() < w[1].key()));
+    // Two changes to one record version (a damaged redo log replayed into the commit can
+    // name one the commit also writes): refuse rather than build a tree holding both.
+    if let Some(w) = mutations.windows(2).find(|w| w[0].key() >= w[1].key()) {
+        return Err(Error::corrupt(
+            "two changes to one record version in a commit",
+            format!("{:?} twice", w[1].key()),
+        ));
+    }
     if mutations.is_empty() {
         return Ok(root);
     }
