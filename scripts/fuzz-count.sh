@@ -19,6 +19,9 @@
 #   FUZZ_TRACE_COMPARES=all  also build open_image_fast with comparison tracing (slower)
 #   FUZZ_NICE=N            nice level of the fuzzers and builds (default 19)
 #   FUZZ_MINIMIZE=N        new artifacts minimised per target (default 3)
+#   FUZZ_TARGET_DIR=DIR    cargo target directory root (default fuzz/target): a second run
+#                          alongside one in progress builds elsewhere, so the first one's
+#                          fork-mode jobs keep starting the binary it began with
 set -euo pipefail
 
 usage() {
@@ -33,6 +36,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 fuzz="$repo/fuzz"
 jobs=${FUZZ_JOBS:-$(nproc)}
 nice_level=${FUZZ_NICE:-19}
+target_root=${FUZZ_TARGET_DIR:-$fuzz/target}
 out=${FUZZ_OUT:-$fuzz/target/fuzz-count/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 run_nice() { nice -n "$nice_level" "$@"; }
@@ -80,7 +84,7 @@ run_nice cargo run --quiet --release --manifest-path "$fuzz/Cargo.toml" --bin se
 
 # --- build ------------------------------------------------------------------------------
 binary() {
-    echo "$fuzz/target/count-$(build_variant "$1")/x86_64-unknown-linux-gnu/release/$1"
+    echo "$target_root/count-$(build_variant "$1")/x86_64-unknown-linux-gnu/release/$1"
 }
 for t in "${targets[@]}"; do
     variant=$(build_variant "$t")
@@ -88,7 +92,7 @@ for t in "${targets[@]}"; do
     [[ $variant == notc ]] && extra=(--no-trace-compares)
     echo "== building $t (sanitizer none, ${variant/tc/trace-compares}, debug assertions on)"
     (cd "$fuzz" && run_nice cargo +nightly fuzz build -s none --debug-assertions \
-        "${extra[@]}" --target-dir "target/count-$variant" "$t")
+        "${extra[@]}" --target-dir "$target_root/count-$variant" "$t")
 done
 
 # --- run --------------------------------------------------------------------------------
