@@ -366,13 +366,14 @@ fn check_patches(live: &HashMap<LogicalKey, Element>, report: &mut Report) {
         let at = format!(
             "object {} at file offset {} (patch TID {:#018x})",
             lk.obj,
-            index * DATA_CHUNK_BYTES,
+            index.saturating_mul(DATA_CHUNK_BYTES),
             element.key.create_tid
         );
+        // A damaged patch key can name a chunk index past any file: no such chunk.
         let data = LogicalKey {
             obj: lk.obj,
             rtype: rtype::DATA,
-            key: (index + 1) * DATA_CHUNK_BYTES,
+            key: index.saturating_add(1).saturating_mul(DATA_CHUNK_BYTES),
         };
         let Some(base) = live.get(&data) else {
             note(

@@ -213,17 +213,21 @@ impl Space {
 
     /// Marks a range in use (mount-time rebuild). Fails if any part is already in use.
     pub fn mark_used(&self, start: u64, bytes: u64) -> Result<()> {
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let bytes = bytes.div_ceil(BLOCK_BYTES).saturating_mul(BLOCK_BYTES);
+        // A hostile extent address near u64::MAX must fail here, not wrap past the check.
+        let end = start.checked_add(bytes);
         let mut inner = self.inner.lock();
-        let contains = inner
-            .free
-            .range(..=start)
-            .next_back()
-            .is_some_and(|(s, l)| *s <= start && start + bytes <= s + l);
+        let contains = end.is_some_and(|end| {
+            inner
+                .free
+                .range(..=start)
+                .next_back()
+                .is_some_and(|(s, l)| *s <= start && end <= s + l)
+        });
         if !contains || start % BLOCK_BYTES != 0 {
             return Err(Error::corrupt(
                 "space referenced twice or outside the data area",
-                format!("bytes {start}..{}", start + bytes),
+                format!("bytes {start}..{}", start.saturating_add(bytes)),
             ));
         }
         Self::take(&mut inner, start, bytes);

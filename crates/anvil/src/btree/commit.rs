@@ -138,7 +138,14 @@ impl CommitContext<'_> {
 
 /// Applies `mutations` (sorted by key, unique keys) to the tree under `root`.
 pub fn apply(ctx: &mut CommitContext<'_>, root: Root, mutations: &[Mutation]) -> Result<Root> {
-    debug_assert!(mutations.windows(2).all(|w| w[0].key() < w[1].key()));
+    // Two changes to one record version (a damaged redo log replayed into the commit can
+    // name one the commit also writes): refuse rather than build a tree holding both.
+    if let Some(w) = mutations.windows(2).find(|w| w[0].key() >= w[1].key()) {
+        return Err(Error::corrupt(
+            "two changes to one record version in a commit",
+            format!("{:?} twice", w[1].key()),
+        ));
+    }
     if mutations.is_empty() {
         return Ok(root);
     }
@@ -222,7 +229,14 @@ fn apply_node(
                     break;
                 }
             }
-            debug_assert!(new_children.windows(2).all(|w| w[0].first < w[1].first));
+            // A damaged child (keys outside the range its parent gives it) rebuilds with a
+            // first key out of order with its siblings: refuse to write that tree.
+            if !new_children.windows(2).all(|w| w[0].first < w[1].first) {
+                return Err(Error::corrupt(
+                    "a child's keys lie outside the range its parent gives it",
+                    format!("internal node at byte {address}"),
+                ));
+            }
             if new_children.is_empty() {
                 return Ok(Vec::new());
             }

@@ -599,14 +599,15 @@ impl Filesystem {
         let free = usage.free_bytes.saturating_sub(usage.pending_bytes) / BLOCK_BYTES;
         let available = usage
             .free_bytes
-            .saturating_sub(usage.pending_bytes + usage.reserve_bytes)
+            .saturating_sub(usage.pending_bytes.saturating_add(usage.reserve_bytes))
             / BLOCK_BYTES;
         StatFs {
             block_bytes: BLOCK_BYTES as u32,
             blocks,
             blocks_free: free,
             blocks_available: available,
-            files: usage.next_obj + free * 16,
+            // next_obj comes from the superblock: a damaged one must not overflow this.
+            files: usage.next_obj.saturating_add(free * 16),
             files_free: free * 16,
             name_bytes_max: NAME_BYTES_MAX as u32,
         }

@@ -10,7 +10,7 @@
 //! unbounded allocation.
 
 use anvil::checksum::checksum;
-use anvil::device::{Device, MemDevice};
+use anvil::device::{Device, MemDevice, Pages};
 use anvil::format::coding::{Reader, Writer};
 use anvil::format::log::LogBatch;
 use anvil::format::node::Node;
@@ -18,6 +18,7 @@ use anvil::format::record::{rtype, Dirent, Element, Inode, Key, Payload, Xattr, 
 use anvil::format::superblock::Superblock;
 use anvil::format::{
     BlockType, VolumeId, BLOCK_BYTES, BLOCK_MAGIC, HEADER_BYTES, NODE_BYTES, SUPERBLOCK_OFFSETS,
+    VOLUME_BYTES_MIN,
 };
 use anvil::fs::Caller;
 use anvil::{FileKind, Filesystem, MountOptions};
@@ -262,16 +263,7 @@ pub fn build_seed_image() -> Vec<u8> {
         fs.write_file(&format!("/d/f{i}"), &vec![i as u8; len])
             .unwrap();
     }
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let noise: Vec<u8> = (0..100_000)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    fs.write_file("/d/sub/big", &noise).unwrap();
+    fs.write_file("/d/sub/big", &noise(100_000)).unwrap();
     let root = ROOT_OBJ;
     fs.symlink(Caller::ROOT, root, b"link", b"d/f1").unwrap();
     let f3 = fs.resolve("/d/f3").unwrap();
@@ -291,6 +283,67 @@ pub fn build_seed_image() -> Vec<u8> {
     device.to_bytes()
 }
 
+/// The `open_image_fast` seed image: every kind of structure `build_seed_image` makes, with
+/// few objects and little data so that opening, checking and walking it is quick. A
+/// two-level tree (inline data overfills one leaf), inline data, an LZ4 extent, a raw
+/// extent, a sparse two-chunk file, a small-write patch over an extent, subdirectories, a
+/// symlink, a hard link, xattrs, history (an overwrite, a delete, a snapshot) and a
+/// redo-log batch after the last commit.
+pub fn build_small_image() -> Vec<u8> {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), VOLUME_BYTES_MIN, "fuzz").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options(false)).unwrap();
+    fs.mkdir_path("/d").unwrap();
+    fs.mkdir_path("/d/sub").unwrap();
+    // Inline (incompressible, at most 1,980 bytes each) and more than a leaf holds: the
+    // tree splits.
+    let noise = noise(12_000);
+    for i in 0..9usize {
+        let len = 1800 + (i % 3) * 90;
+        fs.write_file(&format!("/d/f{i}"), &noise[i * 500..i * 500 + len])
+            .unwrap();
+    }
+    let text: Vec<u8> = b"anvil keeps history. ".repeat(400);
+    fs.write_file("/d/text", &text).unwrap();
+    fs.write_file("/d/sub/raw", &noise[..6000]).unwrap();
+    let big = fs.write_file("/d/sub/big", &noise[6000..]).unwrap();
+    fs.write(big, 70_000, &noise[..2000]).unwrap();
+    let root = ROOT_OBJ;
+    fs.symlink(Caller::ROOT, root, b"link", b"d/f1").unwrap();
+    let f3 = fs.resolve("/d/f3").unwrap();
+    let sub = fs.resolve("/d/sub").unwrap();
+    fs.link(f3, sub, b"hard").unwrap();
+    fs.setxattr(f3, b"user.colour", b"blue", false, false)
+        .unwrap();
+    fs.setxattr(sub, b"user.long", &[b'x'; 600], false, false)
+        .unwrap();
+    fs.sync().unwrap();
+    fs.snapshot("first").unwrap();
+    fs.write_file("/d/f5", b"overwritten").unwrap();
+    fs.remove_path("/d/f6").unwrap();
+    let text_ino = fs.resolve("/d/text").unwrap();
+    fs.write(text_ino, 100, b"patched").unwrap();
+    fs.sync().unwrap();
+    fs.write_file("/d/f2", b"logged").unwrap();
+    fs.write_file("/d/sub/late", &[7u8; 3000]).unwrap();
+    fs.fsync(1).unwrap();
+    drop(fs);
+    device.to_bytes()
+}
+
+/// `len` bytes of xorshift noise (incompressible, always the same).
+fn noise(len: usize) -> Vec<u8> {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
 /// A block of the seed image that starts with a block header: where it starts and how many
 /// bytes it spans.
 #[derive(Clone, Copy, Debug)]
@@ -300,10 +353,25 @@ pub struct HeadedBlock {
     pub block_type: u16,
 }
 
-/// The seed image of `open_image` and the headed blocks in it.
+/// The seed image of `open_image` (or `open_image_fast`) and the headed blocks in it.
 pub struct SeedImage {
     pub image: Vec<u8>,
     pub headed: Vec<HeadedBlock>,
+    /// The same bytes as copy-on-write pages: a `MemDevice` over a clone of them costs a
+    /// reference per 64 KiB page, and a patch copies only the pages it touches.
+    pub pages: Pages,
+}
+
+impl SeedImage {
+    fn new(image: Vec<u8>) -> SeedImage {
+        let headed = headed_blocks(&image);
+        let pages = Pages::from_vec(&image);
+        SeedImage {
+            image,
+            headed,
+            pages,
+        }
+    }
 }
 
 fn headed_blocks(image: &[u8]) -> Vec<HeadedBlock> {
@@ -339,11 +407,13 @@ fn headed_blocks(image: &[u8]) -> Vec<HeadedBlock> {
 /// Built once per process (it takes a moment) and shared by every run.
 pub fn seed_image() -> &'static SeedImage {
     static SEED: OnceLock<SeedImage> = OnceLock::new();
-    SEED.get_or_init(|| {
-        let image = build_seed_image();
-        let headed = headed_blocks(&image);
-        SeedImage { image, headed }
-    })
+    SEED.get_or_init(|| SeedImage::new(build_seed_image()))
+}
+
+/// The `open_image_fast` seed image, built once per process.
+pub fn small_seed_image() -> &'static SeedImage {
+    static SEED: OnceLock<SeedImage> = OnceLock::new();
+    SEED.get_or_init(|| SeedImage::new(build_small_image()))
 }
 
 /// A copy-on-write view of the seed image: reads fall through to the shared image, writes
@@ -442,8 +512,24 @@ pub const RAW_BLOCK: u16 = 0x8000;
 pub fn patched_image(data: &[u8]) -> (PatchedDevice, u8) {
     let seed = seed_image();
     let device = PatchedDevice::new(&seed.image);
+    let flags = apply_patches(seed, &device, data);
+    (device, flags)
+}
+
+/// `patched_image` for `open_image_fast`: the input's patches applied to a `MemDevice`
+/// sharing the small seed image's pages (copy-on-write).
+pub fn patched_small_image(data: &[u8]) -> (MemDevice, u8) {
+    let seed = small_seed_image();
+    let device = MemDevice::from_pages(seed.pages.clone());
+    let flags = apply_patches(seed, &device, data);
+    (device, flags)
+}
+
+/// Writes the patches of `data` (see `patched_image`) to `device`, a copy of `seed`;
+/// returns the flags byte.
+fn apply_patches(seed: &SeedImage, device: &dyn Device, data: &[u8]) -> u8 {
     let Some((&flags, mut rest)) = data.split_first() else {
-        return (device, 0);
+        return 0;
     };
     let mut touched = Vec::new();
     while rest.len() >= 5 {
@@ -470,23 +556,54 @@ pub fn patched_image(data: &[u8]) -> (PatchedDevice, u8) {
         reseal(&mut bytes);
         device.write_at(&bytes, block.start as u64).unwrap();
     }
-    (device, flags)
+    flags
 }
 
-/// Entries visited per run at most: keeps a run short whatever the image claims.
-const ENTRIES_MAX: usize = 2000;
-const READ_BYTES_MAX: u32 = 256 << 10;
-/// Objects whose history is looked at (each history reads many views: the slow part).
-const HISTORIES_MAX: usize = 16;
+/// How much of a volume one run looks at: keeps a run short whatever the image claims.
+struct Limits {
+    /// Directory entries visited.
+    entries: usize,
+    /// Bytes read from the start of each file (plus one 4 KiB read at 70,000).
+    read_bytes: u32,
+    /// Objects whose history is looked at (each history reads many views: the slow part).
+    histories: usize,
+}
+
+const LIMITS: Limits = Limits {
+    entries: 2000,
+    read_bytes: 256 << 10,
+    histories: 16,
+};
+
+/// The small image holds about 25 objects: the fast target visits them all, and looks at
+/// the history of the first 8.
+const FAST_LIMITS: Limits = Limits {
+    entries: 200,
+    read_bytes: 128 << 10,
+    histories: 8,
+};
 
 /// The `open_image` target: patches the seed image, opens it, lists every directory, reads
 /// every file, symlink and xattr, looks at history, runs `anvil check` and, with
 /// `OPEN_READ_WRITE`, writes and commits. Returns whether the image opened.
 pub fn open_image(data: &[u8]) -> bool {
     let (device, flags) = patched_image(data);
+    explore(Arc::new(device), flags, &LIMITS)
+}
+
+/// The `open_image_fast` target: `open_image` over the small seed image (every kind of
+/// structure the big one has, a sixth of the objects), cloned copy-on-write for each input.
+/// Same input format. Returns whether the image opened.
+pub fn open_image_fast(data: &[u8]) -> bool {
+    let (device, flags) = patched_small_image(data);
+    explore(Arc::new(device), flags, &FAST_LIMITS)
+}
+
+/// Opens `device`, runs `anvil check`, lists every directory, reads every file, symlink and
+/// xattr, looks at history and as-of views and, with `OPEN_READ_WRITE`, writes and commits.
+fn explore(device: Arc<dyn Device>, flags: u8, limits: &Limits) -> bool {
     let read_only = flags & OPEN_READ_WRITE == 0;
-    let device = Arc::new(device);
-    let Ok(fs) = Filesystem::open(device as Arc<dyn Device>, options(read_only)) else {
+    let Ok(fs) = Filesystem::open(device, options(read_only)) else {
         return false;
     };
     let _ = anvil::check::check(fs.volume());
@@ -504,15 +621,15 @@ pub fn open_image(data: &[u8]) -> bool {
             cookie = last.cookie;
             for entry in batch {
                 entries += 1;
-                if entries > ENTRIES_MAX {
+                if entries > limits.entries {
                     break 'listing;
                 }
                 if entry.name == b"." || entry.name == b".." || !seen.insert(entry.ino) {
                     continue;
                 }
                 let _ = fs.lookup(dir, &entry.name);
-                visit(&fs, entry.ino, entry.kind, &mut queue);
-                if seen.len() <= HISTORIES_MAX {
+                visit(&fs, entry.ino, entry.kind, &mut queue, limits.read_bytes);
+                if seen.len() <= limits.histories {
                     let _ = fs.history(entry.ino);
                 }
             }
@@ -525,7 +642,7 @@ pub fn open_image(data: &[u8]) -> bool {
                 if let Ok(names) = view.readdir(ROOT_OBJ, 0, 64) {
                     for entry in names.iter().take(8) {
                         let _ = view.getattr(entry.ino);
-                        let _ = view.read(entry.ino, 0, READ_BYTES_MAX);
+                        let _ = view.read(entry.ino, 0, limits.read_bytes);
                         let _ = view.readlink(entry.ino);
                         let _ = view.listxattr(entry.ino);
                     }
@@ -545,7 +662,7 @@ pub fn open_image(data: &[u8]) -> bool {
     true
 }
 
-fn visit(fs: &Filesystem, ino: u64, kind: FileKind, queue: &mut VecDeque<u64>) {
+fn visit(fs: &Filesystem, ino: u64, kind: FileKind, queue: &mut VecDeque<u64>, read_bytes: u32) {
     let _ = fs.getattr(ino);
     match kind {
         FileKind::Dir => queue.push_back(ino),
@@ -553,7 +670,7 @@ fn visit(fs: &Filesystem, ino: u64, kind: FileKind, queue: &mut VecDeque<u64>) {
             let _ = fs.readlink(ino);
         }
         _ => {
-            let _ = fs.read(ino, 0, READ_BYTES_MAX);
+            let _ = fs.read(ino, 0, read_bytes);
             let _ = fs.read(ino, 70_000, 4096);
         }
     }
@@ -640,22 +757,30 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     // open_image: no patch (the image as built), a read-write mount, and one small patch
     // into each kind of headed block (its first payload bytes: counts and lengths).
-    out.push(("open_image", "unpatched".into(), vec![0]));
-    out.push(("open_image", "read-write".into(), vec![OPEN_READ_WRITE]));
-    let mut patched_types = HashSet::new();
-    for (index, block) in seed.headed.iter().enumerate() {
-        if !patched_types.insert(block.block_type) {
-            continue;
+    // open_image_fast: the same over the small image, with a patch into every headed block.
+    for (target, image, every_block) in [
+        ("open_image", seed, false),
+        ("open_image_fast", small_seed_image(), true),
+    ] {
+        out.push((target, "unpatched".into(), vec![0]));
+        out.push((target, "read-write".into(), vec![OPEN_READ_WRITE]));
+        let mut patched_types = HashSet::new();
+        for (index, block) in image.headed.iter().enumerate() {
+            let first = patched_types.insert(block.block_type);
+            if !first && !every_block {
+                continue;
+            }
+            let mut input = vec![0];
+            input.extend((index as u16).to_le_bytes());
+            input.extend((HEADER_BYTES as u16 + 2).to_le_bytes());
+            input.extend([1, 0x01]);
+            let name = if every_block {
+                format!("patch-type{}-block{index}", block.block_type)
+            } else {
+                format!("patch-type{}", block.block_type)
+            };
+            out.push((target, name, input));
         }
-        let mut input = vec![0];
-        input.extend((index as u16).to_le_bytes());
-        input.extend((HEADER_BYTES as u16 + 2).to_le_bytes());
-        input.extend([1, 0x01]);
-        out.push((
-            "open_image",
-            format!("patch-type{}", block.block_type),
-            input,
-        ));
     }
     out
 }
