@@ -118,28 +118,6 @@ fn open_image_fast_regressions() {
     replay("open_image", fuzz_harness::open_image_fast);
 }
 
-/// Crashers whose fix belongs in engine code being reworked elsewhere (mostly
-/// `crates/anvil/src/volume/mod.rs`): `cargo test -p anvil --test fuzz_regressions --
-/// --ignored` fails (or aborts, for the allocations) on them until then. Once one is fixed,
-/// move its input into `fuzz-regressions/<target>/`. See `docs/fuzzing.md`.
-///
-/// - `crash-extent-run-buffer-before-bounds-check*`: a leaf's extent claims `stored_bytes`
-///   near 4 GiB; `Volume::read_extents_keeping` sizes its run buffer from it (0.8-4 GB)
-///   before `extent_in_bounds` rejects the extent.
-/// - `crash-extent-run-offset-add-overflow`: `last.offset + last.allocated_bytes()` in the
-///   same function overflows for an extent address near `u64::MAX`.
-/// - `crash-replay-live-objects-overflow`: log replay adds to a damaged `live_objects`.
-/// - `crash-commit-next-tid-overflow`, `crash-commit-superblock-seq-overflow`: a commit
-///   adds 1 to a damaged superblock's `next_tid` / `seq`.
-/// - `crash-commit-leaf-out-of-order-encode`: a commit merges a damaged leaf into one whose
-///   elements are out of order (`Node::encode`'s order assertion).
-#[test]
-#[ignore = "needs fixes in crates/anvil/src/volume/mod.rs (see docs/fuzzing.md)"]
-fn pending_regressions() {
-    replay("pending/open_image_fast", fuzz_harness::open_image_fast);
-    replay("pending/open_image", fuzz_harness::open_image);
-}
-
 /// The small image has what the big one has: a two-level tree (leaves and internal nodes),
 /// every kind of headed block (a redo-log batch, space maps), and it opens both ways.
 #[test]

@@ -12,6 +12,8 @@ use crate::error::{Error, Result};
 /// "anvilfs!" marks the superblock payload (beyond the generic block magic).
 pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"anvilfs!");
 pub const LABEL_BYTES: usize = 32;
+/// Bound on the sequence number and the id counters (`validate`).
+const COUNTER_MAX: u64 = 1 << 62;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -172,6 +174,11 @@ impl Superblock {
         }
         if self.next_tid <= self.committed_tid || self.next_obj < 2 {
             return fail("id counters out of order");
+        }
+        // No volume lives to 2^62 commits or objects: larger counters are damage, and would
+        // overflow as they advance.
+        if self.seq >= COUNTER_MAX || self.next_tid >= COUNTER_MAX || self.next_obj >= COUNTER_MAX {
+            return fail("id counters out of range");
         }
         if self.used_bytes > self.volume_bytes {
             return fail("used bytes exceed volume size");

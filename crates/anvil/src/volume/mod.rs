@@ -49,6 +49,9 @@ use std::time::Duration;
 const LOG_PAGE_BYTES: u64 = 4096;
 /// fsync batches larger than this commit instead (data is then written once, in place).
 const LOG_BATCH_BYTES_MAX: u64 = 8 << 20;
+/// Longest an extent's stored bytes can be: a chunk, compressed or not, plus any codec's
+/// worst-case growth, with room to spare.
+const EXTENT_STORED_BYTES_MAX: u64 = 2 * crate::format::record::DATA_CHUNK_BYTES;
 /// Longest merged extent read.
 const RUN_BYTES_MAX: u64 = 4 << 20;
 
@@ -611,7 +614,10 @@ impl Volume {
                     None => entry.replaces != 0,
                 };
                 let exists = value.is_some() as u64;
-                st.live_objects = (st.live_objects + exists).saturating_sub(existed as u64);
+                st.live_objects = st
+                    .live_objects
+                    .saturating_add(exists)
+                    .saturating_sub(existed as u64);
                 st.active.objects_delta += exists as i64 - existed as i64;
             }
             let pending = Pending {
@@ -855,6 +861,13 @@ impl Volume {
             .iter()
             .enumerate()
             .map(|(i, extent)| {
+                if !self.extent_in_bounds(extent) {
+                    // Never sized into a read buffer: its claimed length may be anything.
+                    return Some(Err(Error::corrupt(
+                        "extent outside the data area or longer than any chunk",
+                        extent_location(extent),
+                    )));
+                }
                 let found = self.cache.extent(extent)?;
                 if !keep(i) {
                     self.cache.remove_extent(extent);
@@ -871,7 +884,8 @@ impl Volume {
             while end < order.len() {
                 let previous = &extents[order[end - 1]];
                 let next = &extents[order[end]];
-                let contiguous = previous.offset + previous.allocated_bytes() == next.offset;
+                let contiguous =
+                    previous.offset.checked_add(previous.allocated_bytes()) == Some(next.offset);
                 if !contiguous || next.offset - extents[order[start]].offset > RUN_BYTES_MAX {
                     break;
                 }
@@ -920,10 +934,13 @@ impl Volume {
             .collect()
     }
 
+    /// Whether an extent lies in the data area, with a stored length no chunk can exceed
+    /// (so a damaged length is never used to size a buffer).
     fn extent_in_bounds(&self, extent: &ExtentRef) -> bool {
-        let end = extent.offset.checked_add(extent.stored_bytes as u64);
+        let end = extent.offset.checked_add(extent.allocated_bytes());
         end.is_some_and(|e| e <= self.space.volume_bytes())
             && extent.offset >= self.space.data_offset()
+            && u64::from(extent.stored_bytes) <= EXTENT_STORED_BYTES_MAX
     }
 
     /// The verified, decoded bytes of one extent, from the cache or the device. A checksum
