@@ -8,6 +8,12 @@ use std::process::Command;
 
 const ANVIL: &str = env!("CARGO_BIN_EXE_anvil");
 
+/// The number before `label` in replay-check's summary line.
+fn count(report: &str, label: &str) -> u64 {
+    let before = report.split(label).next().unwrap();
+    before.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 #[test]
 fn every_flush_point_of_a_real_run_checks_clean() {
     if !common::fuse_or_skip("every_flush_point_of_a_real_run_checks_clean") {
@@ -62,15 +68,7 @@ fn every_flush_point_of_a_real_run_checks_clean() {
     }
     let report = run(&["replay-check".as_ref(), base.as_os_str(), log.as_os_str()]);
     assert!(report.contains(" 0 violations"), "{report}");
-    let points: u64 = report
-        .split(" flush points")
-        .next()
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let points = count(&report, " flush points");
     assert!(points >= 6, "{report}");
 
     // Crashes inside flush intervals: random subsets of each interval's writes, in
@@ -86,25 +84,9 @@ fn every_flush_point_of_a_real_run_checks_clean() {
         "--kills".as_ref(),
     ]);
     assert!(report.contains(" 0 violations"), "{report}");
-    let killed: u64 = report
-        .split(" daemon-kill states")
-        .next()
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let killed = count(&report, " daemon-kill states");
     assert!(killed >= 20, "{report}");
-    let reordered: u64 = report
-        .split(" reordered crash states")
-        .next()
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let reordered = count(&report, " reordered crash states");
     assert!(reordered >= 4 * 6, "{report}");
 
     // Damage a logged tree-node write (a block starting with the header magic and a leaf or

@@ -7,17 +7,11 @@
 mod fuzz_harness;
 
 use anvil::device::Device;
-use std::alloc::{GlobalAlloc, Layout, System};
+use fuzz_harness::{Capped, ALLOCATION_BYTES_MAX};
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Mutex;
-
-/// One allocation larger than this aborts the test binary, as it aborts the fuzz targets
-/// (`fuzz/src/lib.rs`): hostile bytes must not make the engine allocate without bound.
-const ALLOCATION_BYTES_MAX: usize = 256 << 20;
-
-struct Capped;
 
 /// The input being replayed, for `too_big` to name.
 static REPLAYING: Mutex<String> = Mutex::new(String::new());
@@ -34,40 +28,8 @@ fn too_big(bytes: usize) -> ! {
     std::process::abort()
 }
 
-// SAFETY: forwards to the system allocator unchanged, after a size check.
-unsafe impl GlobalAlloc for Capped {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > ALLOCATION_BYTES_MAX {
-            too_big(layout.size());
-        }
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > ALLOCATION_BYTES_MAX {
-            too_big(layout.size());
-        }
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > ALLOCATION_BYTES_MAX {
-            too_big(new_size);
-        }
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Capped = Capped;
+static ALLOCATOR: Capped = Capped(too_big);
 
 fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

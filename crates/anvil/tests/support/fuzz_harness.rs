@@ -788,3 +788,46 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
 fn volume_id_of(block: &[u8]) -> VolumeId {
     block[VOLUME_ID_AT..VOLUME_ID_AT + 16].try_into().unwrap()
 }
+
+/// One allocation larger than this aborts: hostile bytes must not make the engine allocate
+/// without bound. Under AddressSanitizer libFuzzer's `-malloc_limit_mb` checks the same,
+/// but `scripts/fuzz-count.sh` builds without a sanitizer (see `docs/fuzzing.md`), where
+/// nothing else would notice a huge allocation that is never touched.
+pub const ALLOCATION_BYTES_MAX: usize = 256 << 20;
+
+/// The system allocator with a size check: an allocation over `ALLOCATION_BYTES_MAX` calls
+/// the function given (which reports and aborts). The fuzz targets and the regression test
+/// each install one as their global allocator.
+pub struct Capped(pub fn(usize) -> !);
+
+// SAFETY: forwards to the system allocator unchanged, after a size check.
+unsafe impl std::alloc::GlobalAlloc for Capped {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.size() > ALLOCATION_BYTES_MAX {
+            (self.0)(layout.size());
+        }
+        // SAFETY: the caller's contract is System's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.size() > ALLOCATION_BYTES_MAX {
+            (self.0)(layout.size());
+        }
+        // SAFETY: as above.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if new_size > ALLOCATION_BYTES_MAX {
+            (self.0)(new_size);
+        }
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
