@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,16 @@ fn mkfs(image: &Path) {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+}
+
+/// A scratch directory holding a fresh volume `v.img` and an empty mount point `mnt`.
+fn fresh_volume() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("v.img");
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    mkfs(&image);
+    (tmp, image, dir)
 }
 
 /// Whether `dir` is a FUSE mount (the classic transport's mount shows "fuse", the
@@ -57,11 +67,7 @@ fn called_as_mount_fuse_anvil() {
     if !common::fuse_or_skip("called_as_mount_fuse_anvil") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let image = tmp.path().join("v.img");
-    let dir = tmp.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    mkfs(&image);
+    let (tmp, image, dir) = fresh_volume();
     let helper = tmp.path().join("mount.fuse.anvil");
     std::os::unix::fs::symlink(ANVIL, &helper).unwrap();
     let out = Command::new(&helper)
@@ -97,11 +103,7 @@ fn mount_t_fuse_anvil_and_fstab() {
         eprintln!("SKIPPED: mount_t_fuse_anvil_and_fstab: {why}");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let image = tmp.path().join("v.img");
-    let dir = tmp.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    mkfs(&image);
+    let (tmp, image, dir) = fresh_volume();
 
     let out = Command::new("mount")
         .args(["-t", "fuse.anvil", "-o", "nohistory"])
@@ -162,11 +164,7 @@ fn nosuid_nodev_noexec_reach_the_kernel() {
         return;
     }
     let root = unsafe { libc::geteuid() } == 0;
-    let tmp = tempfile::tempdir().unwrap();
-    let image = tmp.path().join("v.img");
-    let dir = tmp.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    mkfs(&image);
+    let (tmp, image, dir) = fresh_volume();
     let helper = tmp.path().join("mount.fuse.anvil");
     std::os::unix::fs::symlink(ANVIL, &helper).unwrap();
     for transport in ["auto", "classic"] {
@@ -203,11 +201,7 @@ fn remount_read_only_and_back() {
         eprintln!("SKIPPED: remount_read_only_and_back: remounting needs root");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let image = tmp.path().join("v.img");
-    let dir = tmp.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    mkfs(&image);
+    let (tmp, image, dir) = fresh_volume();
     let helper = tmp.path().join("mount.fuse.anvil");
     std::os::unix::fs::symlink(ANVIL, &helper).unwrap();
     let run = |options: &str| {
