@@ -49,6 +49,9 @@ enum Transport {
     Classic,
 }
 
+/// A mount gives decoded file data this fraction of `cache=` unless `data_cache=` says.
+const DATA_CACHE_SHARE: u64 = 16;
+
 fn parse_options(options: &[String]) -> Result<Config, String> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut config = Config {
@@ -87,6 +90,10 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
                     return Err("option cache: at least 16M".to_string());
                 }
                 config.mount.cache_bytes = bytes;
+            }
+            "data_cache" => {
+                let bytes = crate::parse_size(value.ok_or("option data_cache needs a size")?)?;
+                config.mount.data_cache_bytes = Some(bytes);
             }
             "commit_interval_ms" => config.mount.commit_interval_ms = number(value)?.max(1),
             "ttl_ms" => config.ttl = Duration::from_millis(number(value)?),
@@ -134,6 +141,12 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
             _ => return Err(format!("unknown mount option {option:?}")),
         }
     }
+    // File data read or written through the mount stays in the kernel's page cache (the
+    // mount keeps it across opens), in the same memory cgroup as this daemon: a large copy
+    // here would only push the kernel's out. Enough remains for partial-chunk reads,
+    // read-ahead and folds.
+    let data_cache = config.mount.cache_bytes / DATA_CACHE_SHARE;
+    config.mount.data_cache_bytes = Some(config.mount.data_cache_bytes.unwrap_or(data_cache));
     Ok(config)
 }
 
@@ -331,6 +344,7 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
             log::info!("device I/O: through the host page cache ({why})")
         }
     }
+    anvil_fuse::start_heap_trimmer();
     let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
     if let Some(spec) = &config.as_of {
         match fs.resolve_as_of(spec) {

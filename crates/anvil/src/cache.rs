@@ -2,6 +2,10 @@
 //! keyed by address, and data extents after verification and decompression, keyed by their
 //! whole reference.
 //!
+//! Nodes and extents have budgets of their own: a FUSE mount gives file data a small one,
+//! because the kernel's page cache already holds what was read or written through the
+//! mount, and a copy here would take its memory (both count against the same cgroup).
+//!
 //! The policy is quick_cache's CLOCK-Pro variant: new entries start cold and are promoted
 //! only when used again, so one sequential scan of a large file cannot push out the nodes
 //! and chunks that are in use (a plain LRU, which this replaces, could). Weights are bytes.
@@ -23,28 +27,18 @@ const ENTRY_OVERHEAD_BYTES: u64 = 96;
 /// Smallest budget: every shard must hold a few whole 64 KiB chunks.
 const BUDGET_BYTES_MIN: u64 = 4 << 20;
 
-#[derive(Clone, PartialEq, Eq, Hash)]
-enum Key {
-    Node(u64),
-    Extent(ExtentRef),
-}
-
-#[derive(Clone)]
-enum Entry {
-    Node(Arc<Node>),
-    Extent(Arc<Vec<u8>>),
-}
-
 #[derive(Clone)]
 struct Bytes;
 
-impl Weighter<Key, Entry> for Bytes {
-    fn weight(&self, _key: &Key, entry: &Entry) -> u64 {
-        ENTRY_OVERHEAD_BYTES
-            + match entry {
-                Entry::Node(node) => node.memory_bytes() as u64,
-                Entry::Extent(bytes) => bytes.len() as u64,
-            }
+impl Weighter<u64, Arc<Node>> for Bytes {
+    fn weight(&self, _address: &u64, node: &Arc<Node>) -> u64 {
+        ENTRY_OVERHEAD_BYTES + node.memory_bytes() as u64
+    }
+}
+
+impl Weighter<ExtentRef, Arc<Vec<u8>>> for Bytes {
+    fn weight(&self, _extent: &ExtentRef, bytes: &Arc<Vec<u8>>) -> u64 {
+        ENTRY_OVERHEAD_BYTES + bytes.len() as u64
     }
 }
 
@@ -60,7 +54,8 @@ pub struct CacheStats {
 }
 
 pub struct BlockCache {
-    map: Cache<Key, Entry, Bytes>,
+    nodes: Cache<u64, Arc<Node>, Bytes>,
+    extents: Cache<ExtentRef, Arc<Vec<u8>>, Bytes>,
     budget_bytes: u64,
     node_hits: AtomicU64,
     node_misses: AtomicU64,
@@ -69,13 +64,17 @@ pub struct BlockCache {
 }
 
 impl BlockCache {
-    pub fn new(budget_bytes: u64) -> BlockCache {
-        let budget_bytes = budget_bytes.max(BUDGET_BYTES_MIN);
-        // Sized for nodes and chunks in equal parts (16 KiB nodes, 64 KiB chunks).
-        let estimated_items = (budget_bytes / (32 << 10)).max(64) as usize;
+    /// A cache of `node_bytes` for nodes and `extent_bytes` for decoded extents.
+    pub fn new(node_bytes: u64, extent_bytes: u64) -> BlockCache {
+        let node_bytes = node_bytes.max(BUDGET_BYTES_MIN);
+        let extent_bytes = extent_bytes.max(BUDGET_BYTES_MIN);
+        // Estimated entries: 16 KiB nodes, 64 KiB chunks.
+        let nodes = (node_bytes / (16 << 10)).max(64) as usize;
+        let extents = (extent_bytes / (64 << 10)).max(64) as usize;
         BlockCache {
-            map: Cache::with_weighter(estimated_items, budget_bytes, Bytes),
-            budget_bytes,
+            nodes: Cache::with_weighter(nodes, node_bytes, Bytes),
+            extents: Cache::with_weighter(extents, extent_bytes, Bytes),
+            budget_bytes: node_bytes + extent_bytes,
             node_hits: AtomicU64::new(0),
             node_misses: AtomicU64::new(0),
             extent_hits: AtomicU64::new(0),
@@ -84,28 +83,22 @@ impl BlockCache {
     }
 
     pub fn node(&self, address: u64) -> Option<Arc<Node>> {
-        let found = match self.map.get(&Key::Node(address)) {
-            Some(Entry::Node(node)) => Some(node),
-            _ => None,
-        };
+        let found = self.nodes.get(&address);
         count(&self.node_hits, &self.node_misses, found.is_some());
         found
     }
 
     pub fn insert_node(&self, address: u64, node: Arc<Node>) {
-        self.map.insert(Key::Node(address), Entry::Node(node));
+        self.nodes.insert(address, node);
     }
 
     pub fn remove_node(&self, address: u64) {
-        self.map.remove(&Key::Node(address));
+        self.nodes.remove(&address);
     }
 
     /// The decoded bytes of `extent`, if cached.
     pub fn extent(&self, extent: &ExtentRef) -> Option<Arc<Vec<u8>>> {
-        let found = match self.map.get(&Key::Extent(*extent)) {
-            Some(Entry::Extent(bytes)) => Some(bytes),
-            _ => None,
-        };
+        let found = self.extents.get(extent);
         count(&self.extent_hits, &self.extent_misses, found.is_some());
         found
     }
@@ -113,19 +106,20 @@ impl BlockCache {
     /// Caches the decoded (verified) bytes of `extent`.
     pub fn insert_extent(&self, extent: ExtentRef, bytes: Arc<Vec<u8>>) {
         debug_assert_eq!(bytes.len(), extent.logical_bytes as usize);
-        self.map.insert(Key::Extent(extent), Entry::Extent(bytes));
+        self.extents.insert(extent, bytes);
     }
 
     pub fn remove_extent(&self, extent: &ExtentRef) {
-        self.map.remove(&Key::Extent(*extent));
+        self.extents.remove(extent);
     }
 
     pub fn clear(&self) {
-        self.map.clear();
+        self.nodes.clear();
+        self.extents.clear();
     }
 
     pub fn memory_bytes(&self) -> u64 {
-        self.map.weight()
+        self.nodes.weight() + self.extents.weight()
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -161,7 +155,7 @@ mod tests {
 
     #[test]
     fn extents_are_keyed_by_their_whole_reference() {
-        let cache = BlockCache::new(16 << 20);
+        let cache = BlockCache::new(4 << 20, 16 << 20);
         cache.insert_extent(extent(8192, 1), Arc::new(vec![1; 4096]));
         assert_eq!(cache.extent(&extent(8192, 1)).unwrap()[0], 1);
         // The same block holding other bytes (another checksum) is another entry.
@@ -173,7 +167,7 @@ mod tests {
     #[test]
     fn the_budget_holds_under_a_scan() {
         let budget = 8 << 20;
-        let cache = BlockCache::new(budget);
+        let cache = BlockCache::new(4 << 20, budget);
         for i in 0..1000u64 {
             cache.insert_extent(extent(i * 65536, i), Arc::new(vec![0; 4096]));
         }
@@ -183,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_used_entry_survives_a_scan() {
-        let cache = BlockCache::new(8 << 20);
+        let cache = BlockCache::new(4 << 20, 8 << 20);
         let hot = extent(1 << 40, 7);
         cache.insert_extent(hot, Arc::new(vec![9; 4096]));
         for _ in 0..4 {

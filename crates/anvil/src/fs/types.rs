@@ -130,8 +130,11 @@ pub struct StatFs {
 /// How a volume is opened.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
-    /// Memory for cached nodes plus pending changes.
+    /// Memory for cached nodes, cached file data and pending changes.
     pub cache_bytes: u64,
+    /// At most this much of it holds decoded file data (None: a quarter). A FUSE mount
+    /// keeps it small: the kernel's page cache holds what was read or written through it.
+    pub data_cache_bytes: Option<u64>,
     /// Overwrites and deletes destroy old versions instead of keeping history.
     pub nohistory: bool,
     pub read_only: bool,
@@ -153,6 +156,7 @@ impl Default for MountOptions {
     fn default() -> MountOptions {
         MountOptions {
             cache_bytes: 256 << 20,
+            data_cache_bytes: None,
             nohistory: false,
             read_only: false,
             commit_interval_ms: 5000,

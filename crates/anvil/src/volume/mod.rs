@@ -58,8 +58,11 @@ const RUN_BYTES_MAX: u64 = 4 << 20;
 /// Tuning of an open volume.
 #[derive(Clone, Debug)]
 pub struct VolumeOptions {
-    /// Memory budget for cached nodes plus pending changes.
+    /// Memory budget for cached nodes, cached file data and pending changes.
     pub cache_bytes: u64,
+    /// Of the cache's half of that budget, what decoded file data may hold (None: half of
+    /// it). Small under a FUSE mount, where the kernel's page cache holds file data.
+    pub data_cache_bytes: Option<u64>,
     /// Overwrites and deletes destroy old versions instead of keeping history.
     pub nohistory: bool,
     pub read_only: bool,
@@ -76,6 +79,7 @@ impl Default for VolumeOptions {
     fn default() -> VolumeOptions {
         VolumeOptions {
             cache_bytes: 256 << 20,
+            data_cache_bytes: None,
             nohistory: false,
             read_only: false,
             rebuild_space_map: false,
@@ -407,7 +411,12 @@ impl Volume {
     /// the tree), redo log replayed.
     pub fn open(device: Arc<dyn Device>, options: VolumeOptions) -> Result<Arc<Volume>> {
         let mut sb = Self::read_superblock(&*device)?;
-        let cache = BlockCache::new(options.cache_bytes / 2);
+        let cached_bytes = options.cache_bytes / 2;
+        let data_bytes = options
+            .data_cache_bytes
+            .unwrap_or(cached_bytes / 2)
+            .min(cached_bytes);
+        let cache = BlockCache::new(cached_bytes - data_bytes, data_bytes);
         let root = Root {
             address: sb.root_address,
             level: sb.root_level,
