@@ -461,9 +461,11 @@ fn open_for_inspection(image: &Path) -> Result<Filesystem, String> {
             image.display()
         ));
     }
+    // What a crashed daemon acknowledged is in its crash log: show it too.
     let options = MountOptions {
         read_only: true,
         commit_interval_ms: 0,
+        crash_log_file: mount::crash_log_file(image, None),
         ..Default::default()
     };
     Filesystem::open(Arc::new(device), options).map_err(|e| describe(image, &e))

@@ -39,6 +39,8 @@ struct Config {
     nosuid: bool,
     nodev: bool,
     noexec: bool,
+    /// Where the crash log's file goes (`crash_log_dir=`); None: the default.
+    crash_log_dir: Option<std::path::PathBuf>,
 }
 
 /// How requests reach the daemon: `auto` takes io_uring when the kernel offers it.
@@ -68,6 +70,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         nosuid: false,
         nodev: false,
         noexec: false,
+        crash_log_dir: None,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -90,6 +93,11 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
                     return Err("option cache: at least 16M".to_string());
                 }
                 config.mount.cache_bytes = bytes;
+            }
+            "crash_log_dir" => {
+                let dir = value.filter(|v| !v.is_empty());
+                let dir = dir.ok_or("option crash_log_dir needs a directory")?;
+                config.crash_log_dir = Some(dir.into());
             }
             "data_cache" => {
                 let bytes = crate::parse_size(value.ok_or("option data_cache needs a size")?)?;
@@ -296,6 +304,25 @@ fn choose_transport(config: &Config) -> Result<(bool, String), String> {
     }
 }
 
+/// Where a mount of `image` keeps its crash log (see the engine's `volume/shadow.rs`): on
+/// tmpfs, named by the image's identity (device and inode, or the block device's number),
+/// so that the next mount of the same image after a crash finds it and no other does.
+pub fn crash_log_file(image: &Path, dir: Option<&Path>) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(image).ok()?;
+    let name = match meta.file_type().is_block_device() {
+        true => format!("blk-{:x}.log", meta.rdev()),
+        false => format!("file-{:x}-{:x}.log", meta.dev(), meta.ino()),
+    };
+    let dir = match dir {
+        Some(dir) => dir.to_path_buf(),
+        // /dev/shm is tmpfs on every Linux with systemd or udev; per user, since one
+        // user's directory is not writable by another.
+        None => format!("/dev/shm/anvil-{}", unsafe { libc::geteuid() }).into(),
+    };
+    Some(dir.join(name))
+}
+
 fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Result<u8, String> {
     if let Err(e) = init_logging(log) {
         return startup_error(e);
@@ -327,6 +354,9 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
         return startup_error(format!("{} is already mounted or in use", image.display()));
     }
     let read_only = config.mount.read_only;
+    if config.mount.crash_log {
+        config.mount.crash_log_file = crash_log_file(image, config.crash_log_dir.as_deref());
+    }
     let device: Arc<dyn anvil::device::Device> = match &config.device_log {
         None => Arc::new(device),
         Some(path) => match File::create(path) {

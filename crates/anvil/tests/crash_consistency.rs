@@ -450,8 +450,13 @@ fn run(fs: &Filesystem, steps: &[Step]) -> (usize, usize) {
 }
 
 fn reference(image: &Pages, steps: &[Step]) -> Reference {
+    reference_with(image, steps, None)
+}
+
+fn reference_with(image: &Pages, steps: &[Step], log: Option<&CrashLog>) -> Reference {
     let device = Arc::new(CrashDevice::from_pages(image.clone()));
-    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let opened = log.map_or_else(options, CrashLog::options);
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, opened).unwrap();
     let mut dumps = vec![dump(&fs)];
     let mut commits = Vec::new();
     let mut snapshots = Vec::new();
@@ -491,12 +496,24 @@ fn threads() -> usize {
 
 #[test]
 fn crash_at_every_write() {
+    crash_at_every_write_of(false);
+}
+
+/// The same with a crash log file: power losses recover without it (tmpfs does not survive
+/// them), a killed process with the file as it left it.
+#[test]
+fn crash_at_every_write_with_a_crash_log_file() {
+    crash_at_every_write_of(true);
+}
+
+fn crash_at_every_write_of(with_file: bool) {
     let image = fresh_image();
     let started = std::time::Instant::now();
     let crash_states = std::sync::atomic::AtomicUsize::new(0);
     let threads = threads();
     for (name, steps) in workloads() {
-        let reference = reference(&image, &steps);
+        let log = with_file.then(CrashLog::new);
+        let reference = reference_with(&image, &steps, log.as_ref());
         // Cuts are independent: each thread takes every `threads`-th one.
         std::thread::scope(|scope| {
             for first in 0..threads as u64 {
@@ -505,7 +522,7 @@ fn crash_at_every_write() {
                 scope.spawn(move || {
                     let mut cut = first;
                     while cut <= reference.writes_total {
-                        let states = crash_at(name, steps, reference, image, cut);
+                        let states = crash_at(name, steps, reference, image, cut, with_file);
                         crash_states.fetch_add(states, std::sync::atomic::Ordering::Relaxed);
                         cut += threads as u64;
                     }
@@ -524,11 +541,20 @@ fn crash_at_every_write() {
 
 /// Runs `steps` with the power cut after device write `cut`, then checks the image built
 /// each way a crash can leave it. Returns the number of crash states checked.
-fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &Pages, cut: u64) -> usize {
+fn crash_at(
+    name: &str,
+    steps: &[Step],
+    reference: &Reference,
+    image: &Pages,
+    cut: u64,
+    with_file: bool,
+) -> usize {
+    let log = with_file.then(CrashLog::new);
     let device = Arc::new(CrashDevice::from_pages(image.clone()));
     device.cut_power_after(cut);
     // Opening writes a superblock (the writer's log salt): the power may go even then.
-    let (done, durable) = match Filesystem::open(device.clone() as Arc<dyn Device>, options()) {
+    let opened = log.as_ref().map_or_else(options, CrashLog::options);
+    let (done, durable) = match Filesystem::open(device.clone() as Arc<dyn Device>, opened) {
         Ok(fs) => run(&fs, steps),
         Err(_) => (0, 0),
     };
@@ -552,7 +578,11 @@ fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &Pages, cu
             false => format!("{name}: power cut after write {cut}, {mode:?}"),
         };
         let recovered = Arc::new(MemDevice::from_pages(crashed));
-        let fs = match Filesystem::open(recovered as Arc<dyn Device>, options()) {
+        let reopened = match (&log, process_crash) {
+            (Some(log), true) => log.killed(),
+            _ => options(),
+        };
+        let fs = match Filesystem::open(recovered as Arc<dyn Device>, reopened) {
             Ok(fs) => fs,
             Err(e) => panic!("{context}: volume does not open: {e}"),
         };
@@ -601,16 +631,64 @@ fn crash_at(name: &str, steps: &[Step], reference: &Reference, image: &Pages, cu
     modes.len()
 }
 
+/// Where a test's process keeps its crash log, if it has one (the mount's default), and
+/// how a crash leaves it: the file as it was when the process died.
+struct CrashLog {
+    dir: tempfile::TempDir,
+    kills: std::cell::Cell<usize>,
+}
+
+impl CrashLog {
+    fn new() -> CrashLog {
+        CrashLog {
+            dir: tempfile::tempdir().unwrap(),
+            kills: std::cell::Cell::new(0),
+        }
+    }
+
+    fn options(&self) -> MountOptions {
+        MountOptions {
+            crash_log_file: Some(self.dir.path().join("live.log")),
+            ..options()
+        }
+    }
+
+    /// Options that recover from a kill now: a copy of the live file as the process left it.
+    fn killed(&self) -> MountOptions {
+        let kills = self.kills.get() + 1;
+        self.kills.set(kills);
+        let copy = self.dir.path().join(format!("killed-{kills}.log"));
+        std::fs::copy(self.dir.path().join("live.log"), &copy).unwrap();
+        MountOptions {
+            crash_log_file: Some(copy),
+            ..options()
+        }
+    }
+}
+
 /// A crash of the process (kill -9, OOM) between any two steps loses nothing: every write
 /// it issued reaches the host, and the volume recovers to the state after the last step.
 #[test]
 fn process_crash_after_every_step_loses_nothing() {
+    process_crash_after_every_step(None);
+}
+
+/// The same, with the changes between fsyncs in a crash log file (as a mount keeps them).
+#[test]
+fn process_crash_after_every_step_loses_nothing_with_a_crash_log_file() {
+    process_crash_after_every_step(Some(&CrashLog::new()));
+}
+
+fn process_crash_after_every_step(log: Option<&CrashLog>) {
     let image = fresh_image();
     let mut checked = 0;
+    // Kills after which the image alone lacks acknowledged changes: the file held them.
+    let mut only_in_the_file = 0;
     for (name, steps) in workloads() {
         let reference = reference(&image, &steps);
         let device = Arc::new(CrashDevice::from_pages(image.clone()));
-        let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+        let opened = log.map_or_else(options, CrashLog::options);
+        let fs = Filesystem::open(device.clone() as Arc<dyn Device>, opened).unwrap();
         for (index, step) in steps.iter().enumerate() {
             assert_eq!(
                 run(&fs, std::slice::from_ref(step)).0,
@@ -618,8 +696,14 @@ fn process_crash_after_every_step_loses_nothing() {
                 "{name}: step {index}"
             );
             let killed = device.crash_pages(CrashMode::Prefix(device.pending_writes()));
+            if log.is_some() {
+                let alone = Arc::new(MemDevice::from_pages(killed.clone()));
+                let alone = Filesystem::open(alone as Arc<dyn Device>, options()).unwrap();
+                only_in_the_file += (dump(&alone) != reference.dumps[index + 1]) as usize;
+            }
             let recovered = Arc::new(MemDevice::from_pages(killed));
-            let fs = Filesystem::open(recovered as Arc<dyn Device>, options()).unwrap();
+            let reopened = log.map_or_else(options, CrashLog::killed);
+            let fs = Filesystem::open(recovered as Arc<dyn Device>, reopened).unwrap();
             let context = format!("{name}: process killed after step {index}");
             assert_eq!(dump(&fs), reference.dumps[index + 1], "{context}");
             let report = anvil::check::check(fs.volume()).unwrap();
@@ -628,6 +712,12 @@ fn process_crash_after_every_step_loses_nothing() {
         }
     }
     assert!(checked > 300, "{checked} process crashes checked");
+    if log.is_some() {
+        assert!(
+            only_in_the_file > checked / 2,
+            "{only_in_the_file} of {checked}"
+        );
+    }
 }
 
 /// The redo log is a ring: thousands of small operations without a commit go round it
@@ -635,8 +725,19 @@ fn process_crash_after_every_step_loses_nothing() {
 /// loses nothing; after a power loss, everything up to the last fsync is there.
 #[test]
 fn the_log_ring_wraps_and_loses_nothing() {
+    the_log_ring_wraps(None);
+}
+
+/// The same with a crash log file: its ring wraps too, fsync copies it to the image's.
+#[test]
+fn the_log_ring_wraps_and_loses_nothing_with_a_crash_log_file() {
+    the_log_ring_wraps(Some(&CrashLog::new()));
+}
+
+fn the_log_ring_wraps(log: Option<&CrashLog>) {
     let device = Arc::new(CrashDevice::from_pages(fresh_image()));
-    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let opened = log.map_or_else(options, CrashLog::options);
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, opened).unwrap();
     let ring_bytes = anvil::internals::Volume::read_superblock(&*device)
         .unwrap()
         .log_bytes;
@@ -656,7 +757,7 @@ fn the_log_ring_wraps_and_loses_nothing() {
             let killed = device.crash_pages(CrashMode::Prefix(device.pending_writes()));
             let recovered = Filesystem::open(
                 Arc::new(MemDevice::from_pages(killed)) as Arc<dyn Device>,
-                options(),
+                log.map_or_else(options, CrashLog::killed),
             )
             .unwrap();
             assert_eq!(dump(&recovered), expected, "killed after {i} writes");

@@ -497,6 +497,7 @@ impl Filesystem {
                 read_only: options.read_only,
                 rebuild_space_map: options.rebuild_space_map,
                 log_every_change: options.crash_log,
+                crash_log_file: options.crash_log_file.clone(),
             },
         )?;
         let fs = Filesystem {
@@ -553,7 +554,9 @@ impl Filesystem {
         if self.volume.is_read_only() {
             return Ok(());
         }
-        self.volume.commit().map(|_| ())
+        self.volume.commit()?;
+        self.volume.close_log();
+        Ok(())
     }
 
     /// Commits everything now; returns the durable TID.

@@ -150,6 +150,10 @@ pub struct MountOptions {
     /// of the process (kill -9, OOM) loses nothing acknowledged. Off (`-o crash_log=off`):
     /// such a crash loses what changed since the last fsync or commit, as a power loss does.
     pub crash_log: bool,
+    /// With `crash_log`: a file on tmpfs that takes the logged changes between fsyncs
+    /// instead of the image (nothing then reaches the device until fsync or a commit).
+    /// The same image must be opened with the same file to recover from a crash.
+    pub crash_log_file: Option<std::path::PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -163,6 +167,7 @@ impl Default for MountOptions {
             background_thread_start: None,
             rebuild_space_map: false,
             crash_log: true,
+            crash_log_file: None,
         }
     }
 }

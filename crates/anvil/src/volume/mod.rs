@@ -13,6 +13,7 @@
 
 mod extent;
 mod overlay;
+mod shadow;
 mod tx;
 
 pub use extent::{decode_extent, encode_extent};
@@ -52,6 +53,12 @@ const LOG_BATCH_BYTES_MAX: u64 = 8 << 20;
 /// Longest an extent's stored bytes can be: a chunk, compressed or not, plus any codec's
 /// worst-case growth, with room to spare.
 const EXTENT_STORED_BYTES_MAX: u64 = 2 * crate::format::record::DATA_CHUNK_BYTES;
+/// An append buffer up to this size is kept for the next append.
+const SCRATCH_BYTES_MAX: usize = 4 << 20;
+/// With a crash log file, the ring uses at most this much of the log region: the file's
+/// pages stay allocated while the volume is busy (rewriting them is cheaper than
+/// allocating them), so this is the memory it may hold.
+const SHADOW_RING_BYTES_MAX: u64 = 64 << 20;
 /// Longest merged extent read.
 const RUN_BYTES_MAX: u64 = 4 << 20;
 
@@ -73,6 +80,10 @@ pub struct VolumeOptions {
     /// nothing it acknowledged. Off: only fsync and commits write the log, and a crash of
     /// the process loses the changes since the last of them (a power loss does either way).
     pub log_every_change: bool,
+    /// With `log_every_change`: where the log's shadow lives (a file on tmpfs, see
+    /// `shadow.rs`), so that logging a change writes nothing to the device. None: the
+    /// changes go to the image's log region through the host's page cache.
+    pub crash_log_file: Option<std::path::PathBuf>,
 }
 
 impl Default for VolumeOptions {
@@ -84,6 +95,7 @@ impl Default for VolumeOptions {
             read_only: false,
             rebuild_space_map: false,
             log_every_change: true,
+            crash_log_file: None,
         }
     }
 }
@@ -143,6 +155,11 @@ struct LogRing {
     /// The frozen group holds changes no batch has (they did not fit): no operation may
     /// return until its commit is durable.
     frozen_unlogged: bool,
+    /// With a shadow: the start of the page where the shadow's appends that the image's
+    /// log region lacks begin (they run to `head`). None: the region has them all.
+    unsynced_from: Option<u64>,
+    /// The last append's buffer, for the next.
+    scratch: Vec<u8>,
 }
 
 impl LogRing {
@@ -165,6 +182,11 @@ impl LogRing {
         } else {
             before_tail(self.head).then_some(self.head)
         }
+    }
+
+    /// Bytes the batches recovery may need take, from the tail to the head.
+    fn used(&self) -> u64 {
+        (self.head + self.size - self.tail) % self.size
     }
 
     /// The fields of the next batch of the current epoch.
@@ -266,6 +288,15 @@ pub struct Volume {
     /// flush when another caller's already covered its batch).
     log_appends: AtomicU64,
     log_flushed: AtomicU64,
+    /// Where changes are logged between fsyncs, if not in the image (`shadow.rs`).
+    shadow: Option<shadow::ShadowLog>,
+}
+
+/// Where the redo log is read from in recovery.
+#[derive(Clone, Copy)]
+enum LogSource {
+    Image,
+    Shadow,
 }
 
 /// What one reblock step did.
@@ -451,8 +482,30 @@ impl Volume {
         let space = Arc::new(space);
         let live_objects = sb.live_objects;
         let pending_bytes_max = (options.cache_bytes / 4).max(4 << 20);
+        let shadow = match &options.crash_log_file {
+            Some(path) if options.log_every_change => {
+                match shadow::ShadowLog::open(path, !options.read_only) {
+                    Ok(shadow) => Some(shadow),
+                    Err(e) if options.read_only => {
+                        log::debug!("no crash log at {}: {e}", path.display());
+                        None
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "crash log {}: {e}; logging changes in the image instead",
+                            path.display()
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let ring = LogRing {
-            size: sb.log_bytes,
+            size: match shadow {
+                Some(_) if sb.log_bytes > SHADOW_RING_BYTES_MAX => SHADOW_RING_BYTES_MAX,
+                _ => sb.log_bytes,
+            },
             // Never 0: a salt of 0 marks batches of format version 2.
             salt: rand::random::<u64>() | 1,
             epoch: sb.committed_tid,
@@ -464,6 +517,8 @@ impl Volume {
             epoch_start: sb.log_start,
             tail: sb.log_start,
             frozen_unlogged: false,
+            unsynced_from: None,
+            scratch: Vec::new(),
         };
         let root_ref = Arc::new(RootRef {
             root,
@@ -497,8 +552,17 @@ impl Volume {
             space_map_read,
             log_appends: AtomicU64::new(0),
             log_flushed: AtomicU64::new(0),
+            shadow,
         });
-        let replayed = volume.replay_log()?;
+        // The shadow, if it continues the image's superblock, holds everything the image's
+        // log region holds and what was acknowledged after the last fsync.
+        let mut replayed = 0;
+        if volume.shadow.is_some() {
+            replayed = volume.replay_log(LogSource::Shadow)?;
+        }
+        if replayed == 0 {
+            replayed = volume.replay_log(LogSource::Image)?;
+        }
         if !volume.is_read_only() {
             // A writer records its salt before it writes a batch: batches a previous writer
             // left in the ring can then never be taken for this one's.
@@ -506,6 +570,10 @@ impl Volume {
                 volume.commit()?;
             } else {
                 volume.begin_log()?;
+            }
+            if let Some(shadow) = &volume.shadow {
+                // What it held is committed now, or was another writer's: a fresh start.
+                shadow.clear()?;
             }
         }
         Ok(volume)
@@ -515,7 +583,7 @@ impl Volume {
     /// batches of its epoch and salt in sequence order, then those of an epoch that was being
     /// committed if its first batch follows exactly the ones replayed. Stops at the first
     /// batch that does not fit. Returns the number of batches replayed.
-    fn replay_log(&self) -> Result<usize> {
+    fn replay_log(&self, source: LogSource) -> Result<usize> {
         let sb = self.state.lock().superblock.clone();
         // Format version 2 batches start at 0 and never wrap.
         let wraps = sb.log_salt != 0;
@@ -532,9 +600,9 @@ impl Volume {
                             && batch.follows == epoch
                             && batch.follows_count == seq))
             };
-            let mut found = self.read_batch(&sb, pos).filter(|(b, _)| next(b));
+            let mut found = self.read_batch(&sb, pos, source).filter(|(b, _)| next(b));
             if found.is_none() && wraps && pos != 0 {
-                found = self.read_batch(&sb, 0).filter(|(b, _)| next(b));
+                found = self.read_batch(&sb, 0, source).filter(|(b, _)| next(b));
                 if found.is_some() {
                     pos = 0;
                 }
@@ -563,28 +631,39 @@ impl Volume {
             pos += total;
         }
         if replayed > 0 {
-            log::info!("replayed {replayed} redo log batches");
+            let from = match source {
+                LogSource::Image => "the image's redo log",
+                LogSource::Shadow => "the crash log",
+            };
+            log::info!("replayed {replayed} batches from {from}");
         }
         let mut ring = self.log.lock();
         ring.epoch = epoch;
         ring.seq = seq;
         // A writer starts on a page of its own (appends rewrite their page whole); the
-        // batches replayed stay intact until the next commit makes them dead.
-        ring.head = pos.div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES;
+        // batches replayed stay intact until the next commit makes them dead (a writable
+        // open commits them before any append). The batches replayed may lie beyond the
+        // part of the region this writer's ring uses (`SHADOW_RING_BYTES_MAX`).
+        ring.head = pos.div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES % ring.size;
         ring.page.clear();
         Ok(replayed)
     }
 
-    /// The batch at `pos` in the log region with its size, if a valid one is there.
-    fn read_batch(&self, sb: &Superblock, pos: u64) -> Option<(LogBatch, u64)> {
+    /// The batch at `pos` in the log region (or its shadow) with its size, if a valid one
+    /// is there.
+    fn read_batch(&self, sb: &Superblock, pos: u64, source: LogSource) -> Option<(LogBatch, u64)> {
         if pos + LOG_UNIT_BYTES > sb.log_bytes {
             return None;
         }
+        let read = |buf: &mut [u8]| match (source, &self.shadow) {
+            (LogSource::Shadow, Some(shadow)) => shadow.read_at(buf, pos),
+            _ => self.device.read_at(buf, sb.log_offset + pos),
+        };
         let mut first = vec![0u8; LOG_UNIT_BYTES as usize];
-        self.device.read_at(&mut first, sb.log_offset + pos).ok()?;
+        read(&mut first).ok()?;
         let total = LogBatch::claimed_bytes(&first, sb.log_bytes - pos)?;
         let mut bytes = vec![0u8; total as usize];
-        self.device.read_at(&mut bytes, sb.log_offset + pos).ok()?;
+        read(&mut bytes).ok()?;
         let batch = LogBatch::decode(&bytes, &self.volume_id, sb.log_offset + pos).ok()?;
         Some((batch, total))
     }
@@ -1046,9 +1125,14 @@ impl Volume {
         }
     }
 
-    /// True when pending changes should be committed soon (memory pressure).
+    /// True when pending changes should be committed soon: memory pressure, or a log ring
+    /// more than half full (a full one makes the operation that finds it so commit).
     pub fn wants_commit(&self) -> bool {
-        self.state.lock().active.pending_bytes > self.pending_bytes_max / 2
+        if self.state.lock().active.pending_bytes > self.pending_bytes_max / 2 {
+            return true;
+        }
+        let ring = self.log.lock();
+        ring.used() > ring.size / 2
     }
 
     /// Bytes of new data the active group may still hold before writes get ENOSPC.
@@ -1098,6 +1182,7 @@ impl Volume {
                         }
                         last = std::time::Instant::now();
                     } else if due {
+                        volume.release_idle_log();
                         last = std::time::Instant::now();
                     }
                 }
@@ -1185,7 +1270,9 @@ impl Volume {
                 {
                     // The previous epoch's batches are dead: the ring may reuse their space.
                     let mut ring = self.log.lock();
+                    let old_tail = ring.tail;
                     ring.tail = ring.epoch_start;
+                    self.forget_dead_shadow(&mut ring, old_tail);
                     ring.follows = 0;
                     ring.follows_count = 0;
                     ring.frozen_unlogged = false;
@@ -1459,7 +1546,10 @@ impl Volume {
         let start = pos - prefix.len() as u64;
         debug_assert_eq!(start % LOG_PAGE_BYTES, 0);
         let end = (pos + len).div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES;
-        let mut pages = Vec::with_capacity((end - start) as usize);
+        // A buffer kept from the last append: a fresh one costs a page fault per page.
+        let mut pages = std::mem::take(&mut ring.scratch);
+        pages.clear();
+        pages.reserve((end - start) as usize);
         pages.extend_from_slice(prefix);
         let fields = ring.batch_head(next_obj);
         append_batch(
@@ -1470,19 +1560,33 @@ impl Volume {
             entries,
         );
         pages.resize((end - start) as usize, 0);
-        if let Err(e) = self.device.write_staged_at(&pages, LOG_OFFSET + start) {
-            let e = Error::Io(e);
-            self.fail_read_only(&e);
-            return Err(e);
-        }
+        let written = match &self.shadow {
+            Some(shadow) => shadow.write_at(&pages, start),
+            None => self.device.write_staged_at(&pages, LOG_OFFSET + start),
+        };
         let head = pos + len;
         let head_page = head / LOG_PAGE_BYTES * LOG_PAGE_BYTES;
         ring.page.clear();
         ring.page
             .extend_from_slice(&pages[(head_page - start) as usize..(head - start) as usize]);
+        if pages.capacity() <= SCRATCH_BYTES_MAX {
+            ring.scratch = pages;
+        }
+        if let Err(e) = written {
+            let e = Error::Io(e);
+            self.fail_read_only(&e);
+            return Err(e);
+        }
+        if self.shadow.is_some() && ring.unsynced_from.is_none() {
+            ring.unsynced_from = Some(start);
+        }
         ring.head = head;
         ring.seq += 1;
         self.log_appends.fetch_add(1, Ordering::AcqRel);
+        if ring.used() > ring.size / 2 && ring.follows == 0 {
+            // No commit in flight: start one while the ring still has room.
+            self.wake_committer();
+        }
         Ok(true)
     }
 
@@ -1508,10 +1612,12 @@ impl Volume {
             };
         }
         self.log_changes()?;
+        // Counted before the shadow is copied: every batch counted is in the copy.
         let written = self.log_appends.load(Ordering::Acquire);
         if self.log_flushed.load(Ordering::Acquire) >= written {
             return Ok(());
         }
+        self.copy_shadow()?;
         if let Err(e) = self.device.flush() {
             let e = Error::Io(e);
             self.fail_read_only(&e);
@@ -1519,6 +1625,80 @@ impl Volume {
         }
         self.log_flushed.fetch_max(written, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Copies the shadow's batches that the image's log region lacks into it (not yet
+    /// durable: `sync_log` flushes after). Under the log lock, so that no append reuses the
+    /// ring's space while its old bytes are on their way to the image.
+    fn copy_shadow(&self) -> Result<()> {
+        let Some(shadow) = &self.shadow else {
+            return Ok(());
+        };
+        let mut ring = self.log.lock();
+        let Some(from) = ring.unsynced_from else {
+            return Ok(());
+        };
+        let end = ring.head.div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES;
+        let spans = match from <= ring.head {
+            true => [(from, end.min(ring.size)), (0, 0)],
+            false => [(from, ring.size), (0, end)],
+        };
+        for (lo, hi) in spans.into_iter().filter(|(lo, hi)| hi > lo) {
+            let mut bytes = vec![0u8; (hi - lo) as usize];
+            let copied = shadow
+                .read_at(&mut bytes, lo)
+                .and_then(|()| self.device.write_at(&bytes, LOG_OFFSET + lo));
+            if let Err(e) = copied {
+                let e = Error::Io(e);
+                self.fail_read_only(&e);
+                return Err(e);
+            }
+        }
+        ring.unsynced_from = None;
+        Ok(())
+    }
+
+    /// After a commit moved the ring's tail from `old_tail`: the shadow's pages now dead
+    /// need no copy at the next fsync. (Their memory is kept for the appends to come; see
+    /// `release_idle_log`.)
+    fn forget_dead_shadow(&self, ring: &mut LogRing, old_tail: u64) {
+        if self.shadow.is_none() {
+            return;
+        }
+        let floor = |p: u64| p / LOG_PAGE_BYTES * LOG_PAGE_BYTES;
+        let (base, limit) = (floor(old_tail), floor(ring.tail));
+        let distance = |p: u64| (p + ring.size - base) % ring.size;
+        if let Some(from) = ring.unsynced_from {
+            if distance(from) < distance(limit) {
+                ring.unsynced_from = (ring.head != ring.tail).then_some(limit);
+            }
+        }
+    }
+
+    /// On a volume with nothing pending and nothing live in the log (the committer found
+    /// it idle for a whole interval): the shadow gives its memory back. Under load its
+    /// pages are kept and rewritten: tmpfs allocating, zeroing and charging a fresh page for
+    /// every append cost more than the append's copy.
+    pub fn release_idle_log(&self) {
+        let Some(shadow) = &self.shadow else {
+            return;
+        };
+        let mut ring = self.log.lock();
+        if ring.used() == 0 && !self.has_pending() {
+            ring.unsynced_from = None;
+            if let Err(e) = shadow.clear() {
+                log::debug!("cannot empty the crash log: {e}");
+            }
+        }
+    }
+
+    /// After a clean close: deletes the shadow, whose batches the last commit made dead.
+    pub fn close_log(&self) {
+        if let Some(shadow) = &self.shadow {
+            if !self.is_read_only() && !self.has_pending() {
+                shadow.remove();
+            }
+        }
     }
 
     /// One step of reblock: moves the extents of elements from `from` on (up to about

@@ -1,0 +1,88 @@
+//! The redo log's shadow: a copy of the log region in a file on tmpfs (by default under
+//! /dev/shm), where every acknowledged change goes before its call returns.
+//!
+//! A file on tmpfs outlives the process that wrote it but not the machine, which is exactly
+//! the durability a daemon crash needs and a power loss does not: the host keeps the bytes
+//! when the daemon is killed, and nothing is ever written to the volume's device for them.
+//! Without a shadow, the same appends go to the image's log region through the host's page
+//! cache, and the host writes them back to the device: every byte a program writes then
+//! reaches the device twice (once logged, once committed), which halved iozone's rewrite
+//! rates on a loop device.
+//!
+//! The shadow holds the ring at the same positions as the log region. `fsync` copies what
+//! the image's region lacks (`Volume::sync_log`), so the region is always a prefix of the
+//! shadow's chain of batches. Recovery replays the shadow when it continues the image's
+//! superblock, the region otherwise (after a power loss, or on another machine).
+//!
+//! Memory: the ring uses at most 64 MiB of the region when it has a shadow
+//! (`SHADOW_RING_BYTES_MAX`), and the shadow's pages stay allocated while the volume is
+//! busy, because tmpfs allocating, zeroing and charging a fresh page for every append (with
+//! dead pages punched out behind the tail) cost more than the append's copy: 64 KiB
+//! rewrites took 67 us each instead of 46 us. A commit that leaves nothing live (an idle
+//! volume) empties the file; a clean close deletes it.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+pub(crate) struct ShadowLog {
+    file: File,
+    path: PathBuf,
+}
+
+impl ShadowLog {
+    /// Opens the shadow at `path`; a writer creates it (readable by its owner only) and its
+    /// directory if missing.
+    pub fn open(path: &Path, writable: bool) -> io::Result<ShadowLog> {
+        if writable {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .create(writable)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
+        Ok(ShadowLog {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Writes `buf` at ring position `pos`.
+    pub fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, pos)
+    }
+
+    /// Reads `buf.len()` bytes at ring position `pos`; past the file's end reads zeros, as
+    /// a hole does.
+    pub fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], pos + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf[done..].fill(0);
+        Ok(())
+    }
+
+    /// Empties the shadow (its batches are dead: committed, or of an older writer).
+    pub fn clear(&self) -> io::Result<()> {
+        self.file.set_len(0)
+    }
+
+    /// Deletes the file: everything it held is committed.
+    pub fn remove(&self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            log::warn!("cannot remove {}: {e}", self.path.display());
+        }
+    }
+}
