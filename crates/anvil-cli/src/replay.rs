@@ -5,7 +5,9 @@
 //! `--reorder K` each checked interval is also crashed K ways: a random subset of its writes
 //! applied in random order, some torn at a 512-byte sector boundary, on top of the previous
 //! flush point. With `--kills`, the state after every write is checked too: what a crash of
-//! the daemon (not of the machine) leaves, since the host keeps every write it was given.
+//! the daemon (not of the machine) leaves on the device, since the host keeps every write it
+//! was given. (The daemon's crash log file, on tmpfs, is not in the device log: these states
+//! are the image without it, which must open and check clean like any other.)
 //!
 //! The images live in memory as copy-on-write pages (`anvil::device::Pages`): a crash state
 //! copies only the pages its writes touch, and states are checked on every CPU.

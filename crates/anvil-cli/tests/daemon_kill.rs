@@ -29,7 +29,11 @@ fn contents(name: u64) -> Vec<u8> {
 
 /// Copies the image (not the crash log file, which is keyed by the image's inode) and reads
 /// the files fsync'd before the kill from the copy.
-fn power_loss_keeps_fsynced_files(image: &std::path::Path, files: &BTreeMap<String, u64>, round: u64) {
+fn power_loss_keeps_fsynced_files(
+    image: &std::path::Path,
+    files: &BTreeMap<String, u64>,
+    round: u64,
+) {
     let copy = image.with_extension("power-lost");
     let copied = std::process::Command::new("cp")
         .arg("--sparse=always")
@@ -49,7 +53,9 @@ fn power_loss_keeps_fsynced_files(image: &std::path::Path, files: &BTreeMap<Stri
     let listed = String::from_utf8_lossy(&listed.stdout);
     for (file, _) in &fsynced {
         assert!(
-            listed.lines().any(|l| l.split_whitespace().any(|w| w == file.as_str())),
+            listed
+                .lines()
+                .any(|l| l.split_whitespace().any(|w| w == file.as_str())),
             "round {round}: fsync'd {file} lost with the crash log file"
         );
     }

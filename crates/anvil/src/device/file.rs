@@ -431,6 +431,28 @@ impl Device for FileDevice {
     }
 }
 
+/// Frees the storage of `[offset, offset + len)` in a regular file, keeping its size
+/// (whole pages or blocks inside the range; reads there return zeros).
+pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    // SAFETY: a system call on an open descriptor with plain integer arguments.
+    let done = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+    };
+    if done != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn pwritev_all(file: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
     use std::os::unix::io::AsRawFd;
     const IOV_MAX: usize = 1024;

@@ -5,7 +5,7 @@
 
 mod crash;
 mod fault;
-mod file;
+pub(crate) mod file;
 mod log;
 mod memory;
 

@@ -554,15 +554,7 @@ impl Volume {
             log_flushed: AtomicU64::new(0),
             shadow,
         });
-        // The shadow, if it continues the image's superblock, holds everything the image's
-        // log region holds and what was acknowledged after the last fsync.
-        let mut replayed = 0;
-        if volume.shadow.is_some() {
-            replayed = volume.replay_log(LogSource::Shadow)?;
-        }
-        if replayed == 0 {
-            replayed = volume.replay_log(LogSource::Image)?;
-        }
+        let replayed = volume.replay_log()?;
         if !volume.is_read_only() {
             // A writer records its salt before it writes a batch: batches a previous writer
             // left in the ring can then never be taken for this one's.
@@ -583,7 +575,12 @@ impl Volume {
     /// batches of its epoch and salt in sequence order, then those of an epoch that was being
     /// committed if its first batch follows exactly the ones replayed. Stops at the first
     /// batch that does not fit. Returns the number of batches replayed.
-    fn replay_log(&self, source: LogSource) -> Result<usize> {
+    ///
+    /// With a crash log file, each batch is looked for there first, then in the image's
+    /// region: the file holds what was acknowledged since the last fsync, the region what
+    /// fsync copied (the file lets go of those pages), and after a power loss only the region
+    /// is left.
+    fn replay_log(&self) -> Result<usize> {
         let sb = self.state.lock().superblock.clone();
         // Format version 2 batches start at 0 and never wrap.
         let wraps = sb.log_salt != 0;
@@ -591,6 +588,7 @@ impl Volume {
         let mut epoch = sb.committed_tid;
         let mut seq = 0u64;
         let mut replayed = 0;
+        let mut from_file = 0;
         loop {
             let next = |batch: &LogBatch| {
                 batch.salt == sb.log_salt
@@ -600,16 +598,30 @@ impl Volume {
                             && batch.follows == epoch
                             && batch.follows_count == seq))
             };
-            let mut found = self.read_batch(&sb, pos, source).filter(|(b, _)| next(b));
+            let at = |pos: u64| {
+                let in_file = match self.shadow {
+                    Some(_) => self.read_batch(&sb, pos, LogSource::Shadow),
+                    None => None,
+                };
+                match in_file.filter(|(b, _)| next(b)) {
+                    Some((batch, total)) => Some((batch, total, true)),
+                    None => self
+                        .read_batch(&sb, pos, LogSource::Image)
+                        .filter(|(b, _)| next(b))
+                        .map(|(batch, total)| (batch, total, false)),
+                }
+            };
+            let mut found = at(pos);
             if found.is_none() && wraps && pos != 0 {
-                found = self.read_batch(&sb, 0, source).filter(|(b, _)| next(b));
+                found = at(0);
                 if found.is_some() {
                     pos = 0;
                 }
             }
-            let Some((batch, total)) = found else {
+            let Some((batch, total, in_file)) = found else {
                 break;
             };
+            from_file += in_file as usize;
             if let Some(bad) = batch.entries.iter().find(|e| !log_entry_is_valid(e)) {
                 log::warn!(
                     "redo log batch {} of epoch {} holds an invalid entry {:?}; replay stops",
@@ -631,11 +643,9 @@ impl Volume {
             pos += total;
         }
         if replayed > 0 {
-            let from = match source {
-                LogSource::Image => "the image's redo log",
-                LogSource::Shadow => "the crash log",
-            };
-            log::info!("replayed {replayed} batches from {from}");
+            log::info!(
+                "replayed {replayed} redo log batches ({from_file} from the crash log file)"
+            );
         }
         let mut ring = self.log.lock();
         ring.epoch = epoch;
@@ -1618,13 +1628,37 @@ impl Volume {
             return Ok(());
         }
         self.copy_shadow()?;
-        if let Err(e) = self.device.flush() {
+        let flushed = self.device.flush();
+        if let Err(e) = flushed {
             let e = Error::Io(e);
             self.fail_read_only(&e);
             return Err(e);
         }
         self.log_flushed.fetch_max(written, Ordering::AcqRel);
+        self.forget_synced_shadow();
         Ok(())
+    }
+
+    /// After an fsync: the shadow lets go of the pages the image's region holds (recovery
+    /// reads them there), keeping those no fsync has copied yet and the head's page (the
+    /// next append rewrites it whole). Pages another fsync copied but has not flushed yet
+    /// may go too: a killed daemon's writes are on the device, and until that fsync returns
+    /// a power loss may lose them.
+    fn forget_synced_shadow(&self) {
+        let Some(shadow) = &self.shadow else {
+            return;
+        };
+        let ring = self.log.lock();
+        let head_page = ring.head / LOG_PAGE_BYTES * LOG_PAGE_BYTES;
+        let keep_from = ring.unsynced_from.unwrap_or(head_page);
+        let keep_to = (head_page + LOG_PAGE_BYTES).min(ring.size);
+        if keep_from <= head_page {
+            shadow.forget(0, keep_from);
+            shadow.forget(keep_to, ring.size);
+        } else {
+            // The pages not yet copied wrap round the end of the ring.
+            shadow.forget(keep_to, keep_from);
+        }
     }
 
     /// Copies the shadow's batches that the image's log region lacks into it (not yet

@@ -10,17 +10,20 @@
 //! rates on a loop device.
 //!
 //! The shadow holds the ring at the same positions as the log region. `fsync` copies what
-//! the image's region lacks (`Volume::sync_log`), so the region is always a prefix of the
-//! shadow's chain of batches. Recovery replays the shadow when it continues the image's
-//! superblock, the region otherwise (after a power loss, or on another machine).
+//! the image's region lacks (`Volume::sync_log`) and then lets go of the pages the region
+//! now holds. Recovery looks for each batch in the shadow first, then in the region: after
+//! a daemon crash the two together hold every acknowledged change, after a power loss (or
+//! on another machine) the region alone holds what was fsync'd.
 //!
 //! Memory: the ring uses at most 64 MiB of the region when it has a shadow
-//! (`SHADOW_RING_BYTES_MAX`), and the shadow's pages stay allocated while the volume is
-//! busy, because tmpfs allocating, zeroing and charging a fresh page for every append (with
-//! dead pages punched out behind the tail) cost more than the append's copy: 64 KiB
-//! rewrites took 67 us each instead of 46 us. A commit that leaves nothing live (an idle
-//! volume) empties the file; a clean close deletes it.
+//! (`SHADOW_RING_BYTES_MAX`). Between fsyncs the shadow's pages stay allocated, also those a
+//! commit made dead, because tmpfs allocating, zeroing and charging a fresh page for every
+//! append cost more than the append's copy (64 KiB rewrites took 67 us each instead of
+//! 46 us when every commit punched the dead pages out). An fsync frees what it copied, an
+//! idle volume (nothing pending for a commit interval) empties the file, a clean close
+//! deletes it.
 
+use crate::device::file::punch_hole;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -72,6 +75,15 @@ impl ShadowLog {
         }
         buf[done..].fill(0);
         Ok(())
+    }
+
+    /// Frees the memory of `[lo, hi)` (whole pages inside it); reads there return zeros.
+    pub fn forget(&self, lo: u64, hi: u64) {
+        if hi > lo {
+            if let Err(e) = punch_hole(&self.file, lo, hi - lo) {
+                log::debug!("{}: cannot punch [{lo}, {hi}): {e}", self.path.display());
+            }
+        }
     }
 
     /// Empties the shadow (its batches are dead: committed, or of an older writer).
