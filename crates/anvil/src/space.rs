@@ -7,6 +7,12 @@
 //! commit is handed back only after that commit is durable and no reader still holds the old
 //! root (see `volume::RootRef`); until then it is `deferred`, and counts as free in the map
 //! a commit writes, since after a restart no such reader exists.
+//!
+//! Debug builds (and the test profile) also keep every range handed out since the map was
+//! made, as redb's page allocator does: freeing or deferring part of an allocation, or a
+//! range that straddles two, panics at the call that does it, not commits later when the
+//! space is handed out twice. Ranges in use when the map was read from a space map have no
+//! known boundaries; frees of those are checked against the free map only.
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_BYTES;
@@ -28,6 +34,53 @@ struct Inner {
     cursor: u64,
     /// Freed by a durable commit, waiting for readers of an older root: start -> length.
     deferred: BTreeMap<u64, u64>,
+    /// Debug builds: every range allocated or marked used since the map was made.
+    #[cfg(debug_assertions)]
+    allocated: Allocations,
+}
+
+/// Debug builds: the ranges handed out, start -> length, to check each free against.
+#[cfg(debug_assertions)]
+#[derive(Default)]
+struct Allocations(BTreeMap<u64, u64>);
+
+#[cfg(debug_assertions)]
+impl Allocations {
+    fn insert(&mut self, start: u64, bytes: u64) {
+        assert!(
+            self.overlapping(start, bytes).is_none(),
+            "space allocated twice at {start}"
+        );
+        self.0.insert(start, bytes);
+    }
+
+    /// The tracked range overlapping `[start, start + bytes)`, if any.
+    fn overlapping(&self, start: u64, bytes: u64) -> Option<(u64, u64)> {
+        let end = start.saturating_add(bytes);
+        self.0
+            .range(..end)
+            .next_back()
+            .map(|(s, l)| (*s, *l))
+            .filter(|(s, l)| s + l > start)
+    }
+
+    /// Checks that `[start, start + bytes)` is exactly one allocation (or lies in space
+    /// whose allocations are not known); `remove` drops it.
+    fn check(&mut self, start: u64, bytes: u64, remove: bool) {
+        match self.overlapping(start, bytes) {
+            Some((s, l)) if (s, l) == (start, bytes) => {
+                if remove {
+                    self.0.remove(&s);
+                }
+            }
+            Some((s, l)) => panic!(
+                "freeing bytes {start}..{} of the allocation {s}..{}",
+                start + bytes,
+                s + l
+            ),
+            None => {}
+        }
+    }
 }
 
 /// Who is asking: ordinary writes stop at the reserve, commits and maintenance may use it.
@@ -49,6 +102,8 @@ impl Space {
                 free_bytes: data_bytes,
                 cursor: data_offset,
                 deferred: BTreeMap::new(),
+                #[cfg(debug_assertions)]
+                allocated: Allocations::default(),
             }),
             data_offset,
             volume_bytes,
@@ -137,6 +192,8 @@ impl Space {
         let mut inner = self.inner.lock();
         for &(start, bytes) in ranges {
             let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+            #[cfg(debug_assertions)]
+            inner.allocated.check(start, bytes, false);
             let previous = inner.deferred.insert(start, bytes);
             debug_assert!(previous.is_none(), "deferred twice at {start}");
         }
@@ -208,6 +265,8 @@ impl Space {
         };
         Self::take(&mut inner, start, bytes);
         inner.cursor = start + bytes;
+        #[cfg(debug_assertions)]
+        inner.allocated.insert(start, bytes);
         Ok(start)
     }
 
@@ -231,6 +290,8 @@ impl Space {
             ));
         }
         Self::take(&mut inner, start, bytes);
+        #[cfg(debug_assertions)]
+        inner.allocated.insert(start, bytes);
         Ok(())
     }
 
@@ -261,6 +322,8 @@ impl Space {
     fn free_locked(&self, inner: &mut Inner, start: u64, bytes: u64) {
         let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         debug_assert!(start >= self.data_offset && start + bytes <= self.volume_bytes);
+        #[cfg(debug_assertions)]
+        inner.allocated.check(start, bytes, true);
         let mut new_start = start;
         let mut new_len = bytes;
         if let Some((&s, &l)) = inner.free.range(..start).next_back() {
@@ -298,6 +361,34 @@ mod tests {
         assert_eq!(space.free_bytes(), 1024 * 4096);
         space.mark_used(8192 + 4096, 4096).unwrap();
         assert!(space.mark_used(8192 + 4096, 4096).is_err());
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "freeing bytes")]
+    fn freeing_part_of_an_allocation_panics() {
+        let space = Space::new(8192, 8192 + 1024 * 4096);
+        let a = space.allocate(3 * 4096, Purpose::Data).unwrap();
+        space.release(a + 4096, 4096);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "freeing bytes")]
+    fn deferring_a_range_across_two_allocations_panics() {
+        let space = Space::new(8192, 8192 + 1024 * 4096);
+        let a = space.allocate(4096, Purpose::Data).unwrap();
+        space.allocate(4096, Purpose::Data).unwrap();
+        space.defer(&[(a, 2 * 4096)]);
+    }
+
+    #[test]
+    fn space_of_unknown_allocations_frees_in_any_pieces() {
+        // As read from a space map: what is not free has no known boundaries.
+        let space = Space::with_free_ranges(0, 64 * 4096, &[(32 * 4096, 32 * 4096)]).unwrap();
+        space.release(0, 4096);
+        space.release(4096, 8 * 4096);
+        assert_eq!(space.free_bytes(), 41 * 4096);
     }
 
     #[test]
