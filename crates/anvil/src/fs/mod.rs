@@ -924,6 +924,7 @@ impl Filesystem {
 
     /// Reads up to `size` bytes at `offset`. Holes read as zeros.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.prefetch.wait_for(ino, offset, u64::from(size));
         let (file_size, chunks, patches, root) = self.volume.run(false, |tx| {
             let inode = load_inode(tx, ino)?;
             if inode.is_dir() {

@@ -4,9 +4,12 @@
 //! With O_DIRECT on the device nothing below the engine reads ahead, so a file read front to
 //! back would wait for the device on every request. `Filesystem::read` reports each read
 //! here; when a file's reads move forward, the thread reads, verifies and decodes the
-//! extents ahead of the reader into the engine's cache (up to 4 MiB ahead), overlapping
-//! device I/O with the transport. Random reads (anything that jumps back or far ahead)
-//! start nothing.
+//! extents ahead of the reader into the engine's cache, overlapping device I/O with the
+//! transport. The window starts at four times the request and doubles with every request
+//! that continues the stream, up to 4 MiB, as the kernel's own read-ahead ramps up. A read
+//! that reaches the range the thread is reading waits for it (briefly) instead of reading
+//! the same extents from the device a second time. Random reads (anything that jumps back
+//! or far ahead) start nothing.
 //!
 //! A small write that leaves a chunk with many patches asks for a fold (`chunk::fold`):
 //! reading the chunk and its patches back from the device is done here, not while the
@@ -17,7 +20,7 @@
 use super::chunk;
 use crate::format::record::{rtype, Inode, LogicalKey, DATA_CHUNK_BYTES};
 use crate::volume::{Value, Volume};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
@@ -31,12 +34,23 @@ const AHEAD_BYTES_MIN: u64 = 256 << 10;
 const SLACK_BYTES: u64 = 1 << 20;
 /// Files followed at once; more forget them all.
 const STREAMS_MAX: usize = 1024;
+/// Longest a read waits for the read-ahead of its range.
+const WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(50);
 
 struct Stream {
     /// End of the last read.
     next: u64,
     /// Where read-ahead has been asked up to.
     ahead: u64,
+    /// How far ahead of the reader to read.
+    window: u64,
+}
+
+/// The read-ahead being done now: object, byte range.
+#[derive(Default)]
+struct InFlight {
+    job: Mutex<Option<(u64, u64, u64)>>,
+    done: Condvar,
 }
 
 enum Job {
@@ -50,11 +64,14 @@ pub(super) struct Prefetcher {
     sender: Mutex<Option<SyncSender<Job>>>,
     streams: Mutex<HashMap<u64, Stream>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    in_flight: Arc<InFlight>,
 }
 
 impl Prefetcher {
     pub fn start(volume: Arc<Volume>, thread_start: Option<fn()>) -> Prefetcher {
         let (sender, receiver) = sync_channel::<Job>(256);
+        let in_flight = Arc::new(InFlight::default());
+        let flight = in_flight.clone();
         let thread = std::thread::Builder::new()
             .name("anvil-prefetch".into())
             .spawn(move || {
@@ -64,9 +81,12 @@ impl Prefetcher {
                 while let Ok(job) = receiver.recv() {
                     match job {
                         Job::ReadAhead { ino, offset, len } => {
+                            *flight.job.lock() = Some((ino, offset, offset + len));
                             if let Err(e) = prefetch(&volume, ino, offset, len) {
                                 log::debug!("read-ahead of object {ino} at {offset} stopped: {e}");
                             }
+                            *flight.job.lock() = None;
+                            flight.done.notify_all();
                         }
                         Job::Fold { ino, index } => {
                             if let Err(e) = super::Filesystem::fold_chunk(&volume, ino, index) {
@@ -81,6 +101,22 @@ impl Prefetcher {
             sender: Mutex::new(thread.as_ref().map(|_| sender)),
             streams: Mutex::new(HashMap::new()),
             thread: Mutex::new(thread),
+            in_flight,
+        }
+    }
+
+    /// Waits (at most `WAIT_MAX`) while the thread reads ahead a range that overlaps
+    /// `[offset, offset + len)` of `ino`: the read then finds its extents in the cache.
+    pub fn wait_for(&self, ino: u64, offset: u64, len: u64) {
+        let end = offset.saturating_add(len);
+        let overlaps = |job: &Option<(u64, u64, u64)>| {
+            job.is_some_and(|(i, lo, hi)| i == ino && lo < end && offset < hi)
+        };
+        let mut job = self.in_flight.job.lock();
+        if overlaps(&job) {
+            self.in_flight
+                .done
+                .wait_while_for(&mut job, |job| overlaps(job), WAIT_MAX);
         }
     }
 
@@ -95,6 +131,7 @@ impl Prefetcher {
             let stream = streams.entry(ino).or_insert(Stream {
                 next: u64::MAX,
                 ahead: 0,
+                window: 0,
             });
             let sequential = offset >= stream.next.saturating_sub(len)
                 && offset <= stream.next.saturating_add(SLACK_BYTES);
@@ -102,9 +139,14 @@ impl Prefetcher {
             if !sequential {
                 stream.next = offset + len;
                 stream.ahead = 0;
+                stream.window = 0;
                 return;
             }
-            let window = (4 * len).clamp(AHEAD_BYTES_MIN, AHEAD_BYTES_MAX);
+            stream.window = match stream.window {
+                0 => (4 * len).clamp(AHEAD_BYTES_MIN, AHEAD_BYTES_MAX),
+                window => (2 * window).min(AHEAD_BYTES_MAX),
+            };
+            let window = stream.window;
             let want = stream.next.saturating_add(window).min(size);
             let from = stream.ahead.max(stream.next);
             // Ask again once the reader has used half of what was read ahead.
