@@ -318,6 +318,7 @@ pub fn crash_log_file(image: &Path, dir: Option<&Path>) -> Option<std::path::Pat
         Some(dir) => dir.to_path_buf(),
         // /dev/shm is tmpfs on every Linux with systemd or udev; per user, since one
         // user's directory is not writable by another.
+        // SAFETY: geteuid has no preconditions and cannot fail.
         None => format!("/dev/shm/anvil-{}", unsafe { libc::geteuid() }).into(),
     };
     Some(dir.join(name))
