@@ -68,11 +68,10 @@ impl Allocations {
     /// whose allocations are not known); `remove` drops it.
     fn check(&mut self, start: u64, bytes: u64, remove: bool) {
         match self.overlapping(start, bytes) {
-            Some((s, l)) if (s, l) == (start, bytes) => {
-                if remove {
-                    self.0.remove(&s);
-                }
+            Some((s, l)) if (s, l) == (start, bytes) && remove => {
+                self.0.remove(&s);
             }
+            Some((s, l)) if (s, l) == (start, bytes) => {}
             Some((s, l)) => panic!(
                 "freeing bytes {start}..{} of the allocation {s}..{}",
                 start + bytes,
