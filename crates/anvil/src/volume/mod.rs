@@ -554,6 +554,12 @@ impl Volume {
             log_flushed: AtomicU64::new(0),
             shadow,
         });
+        if let (Some(shadow), false) = (&volume.shadow, volume.is_read_only()) {
+            let size = volume.log.lock().size;
+            if let Err(e) = shadow.map(size) {
+                log::warn!("cannot map the crash log file ({e}); appending with pwrite");
+            }
+        }
         let replayed = volume.replay_log()?;
         if !volume.is_read_only() {
             // A writer records its salt before it writes a batch: batches a previous writer
