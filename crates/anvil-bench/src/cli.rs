@@ -253,7 +253,9 @@ fn run_cmd(args: &RunArgs) -> Result<()> {
             size_bytes: args.size,
             work_dir: args.work_dir.clone(),
             anvil_bin: args.anvil_bin.clone().unwrap_or_else(default_anvil_bin),
-            anvil_cache: args.anvil_cache,
+            anvil_cache: args
+                .anvil_cache
+                .or_else(|| args.mem_limit.map(anvil_cache_for)),
             drop_caches,
         },
         runs: args.runs,
@@ -323,6 +325,13 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     Ok(())
 }
 
+/// anvil's cache budget under a memory limit when `--anvil-cache` does not say: a quarter
+/// of the limit, between 16 MiB and the mount's default of 256 MiB (the limit also holds
+/// the workload, the kernel's page cache and, for anvil-lib, the process itself).
+fn anvil_cache_for(mem_limit: u64) -> u64 {
+    (mem_limit / 4).clamp(16 << 20, 256 << 20)
+}
+
 fn list_cmd(tier: Tier) -> Result<()> {
     println!(
         "workloads ({} tier defaults; override with --set KEY=VALUE):",
@@ -341,6 +350,18 @@ fn list_cmd(tier: Tier) -> Result<()> {
                 println!("  {k:<28} {v}");
             }
         }
+    }
+    println!(
+        "\nhummingbird (proxy-cache in the regimes of Hummingbird's Table 2: disk-bound, \
+         files over 64 KiB not cached; --set scale=F shrinks disk and trace, not memory)"
+    );
+    for (name, disk, memory) in workloads::proxy::HUMMINGBIRD_CONFIGS {
+        println!(
+            "  {name:<8} anvil bench run proxy-cache --set config={name} --mem-limit {}M \
+             --size {}G --fs ext4,xfs,btrfs,zfs-fuse,anvil,anvil-lib",
+            memory >> 20,
+            (disk >> 30) * 3 / 2
+        );
     }
     println!("\nfile systems (--fs): {}", FS_NAMES.join(", "));
     Ok(())

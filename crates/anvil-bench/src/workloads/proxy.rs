@@ -123,6 +123,67 @@ pub struct Params {
     pub io_chunk: u64,
     /// Seed of the synthetic trace and of file contents (0 = the run's seed).
     pub seed: u64,
+    /// One of Hummingbird's Table 2 configurations ("4g-256m", "4g-1g", "8g-256m",
+    /// "8g-1g"; empty: none): sets the disk cache, the memory split (half to the proxy's
+    /// memory cache, as the paper did), the 64 KiB object limit and a trace long enough
+    /// to be disk-bound. The run must have the configuration's memory as --mem-limit.
+    pub config: String,
+    /// Scales a configuration's disk cache and trace length (not its memory), for a
+    /// shorter run of the same regime; 1 = the paper's sizes.
+    pub scale: f64,
+}
+
+/// Hummingbird's Table 2: (name, disk cache bytes, memory bytes).
+pub const HUMMINGBIRD_CONFIGS: [(&str, u64, u64); 4] = [
+    ("4g-256m", 4096 * MIB, 256 * MIB),
+    ("4g-1g", 4096 * MIB, 1024 * MIB),
+    ("8g-256m", 8192 * MIB, 256 * MIB),
+    ("8g-1g", 8192 * MIB, 1024 * MIB),
+];
+
+/// The paper's trace: 4.8 million requests for 14.3 GB of unique objects.
+const HUMMINGBIRD_REQUESTS: f64 = 4_800_000.0;
+/// Pages of the synthetic trace per request, for about three unique bytes per byte of a
+/// 4 GB cache (as the paper's 14.3 GB were).
+const HUMMINGBIRD_PAGES_PER_REQUEST: f64 = 0.2;
+
+impl Params {
+    /// The configuration's memory, if one is chosen.
+    fn config_memory(&self) -> Result<Option<u64>> {
+        if self.config.is_empty() {
+            return Ok(None);
+        }
+        match HUMMINGBIRD_CONFIGS.iter().find(|c| c.0 == self.config) {
+            Some(&(_, _, memory)) => Ok(Some(memory)),
+            None => fail(format!(
+                "unknown config '{}' (known: {})",
+                self.config,
+                HUMMINGBIRD_CONFIGS.map(|c| c.0).join(", ")
+            )),
+        }
+    }
+
+    /// Sets the fields a configuration names.
+    fn apply_config(&mut self) -> Result<()> {
+        let Some(memory) = self.config_memory()? else {
+            return Ok(());
+        };
+        if !(self.scale > 0.0 && self.scale <= 4.0) {
+            return fail("scale must be in (0, 4]");
+        }
+        let disk = HUMMINGBIRD_CONFIGS
+            .iter()
+            .find(|c| c.0 == self.config)
+            .map_or(0, |c| c.1);
+        self.cache_bytes = (disk as f64 * self.scale) as u64;
+        self.mem_cache_bytes = memory / 2;
+        self.max_cached_object = 64 * KIB;
+        self.requests = (HUMMINGBIRD_REQUESTS * self.scale) as u64;
+        self.pages = (self.requests as f64 * HUMMINGBIRD_PAGES_PER_REQUEST) as u64;
+        self.shared_images = (self.pages / 20).max(50);
+        self.clients = 200;
+        Ok(())
+    }
 }
 
 impl Params {
@@ -165,6 +226,8 @@ impl Params {
             l2: if tier == Tier::Tiny { 16 } else { 256 },
             io_chunk: 64 * KIB,
             seed: 0,
+            config: String::new(),
+            scale: 1.0,
         }
     }
 
@@ -227,7 +290,12 @@ impl Params {
 
 /// Builds the workload from the tier's defaults and `key=value` overrides.
 pub fn workload(tier: Tier, overrides: &Overrides) -> Result<Box<dyn Workload>> {
-    let params = apply_overrides(Params::for_tier(tier), overrides)?;
+    let mut params = apply_overrides(Params::for_tier(tier), overrides)?;
+    if !params.config.is_empty() {
+        // The configuration's values, then what the command line set beside it.
+        params.apply_config()?;
+        params = apply_overrides(params, overrides)?;
+    }
     params.check()?;
     Ok(Box::new(ProxyCache { params }))
 }
@@ -1070,6 +1138,17 @@ fn load_trace(p: &Params, seed: u64) -> Result<(Trace, Option<ParseStats>)> {
 }
 
 fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
+    if let Some(memory) = p.config_memory()? {
+        if env.mem_limit != Some(memory) {
+            return fail(format!(
+                "config={} is Hummingbird's {} MiB of memory for proxy, file system and \
+                 daemon together: run it with --mem-limit {}M",
+                p.config,
+                memory / MIB,
+                memory / MIB
+            ));
+        }
+    }
     let seed = if p.seed == 0 { env.seed } else { p.seed };
     env.progress.set_message("generating trace");
     let (trace, parse) = load_trace(p, seed)?;
@@ -1104,6 +1183,10 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
     let (read_p50, read_p99) = (r.reads.quantile(0.5), r.reads.quantile(0.99));
     let (write_p50, write_p99) = (r.writes.quantile(0.5), r.writes.quantile(0.99));
 
+    let mean_io_kib = match io.ios() {
+        0 => 0.0,
+        n => (io.bytes_read() + io.bytes_written()) as f64 / 1024.0 / n as f64,
+    };
     let metrics = vec![
         Metric::higher("hit_rate", "ratio", hit_rate),
         Metric::higher("disk_hit_rate", "ratio", disk_hit_rate),
@@ -1116,6 +1199,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         Metric::lower("fs_unlink_ms", "ms", unlink_mean),
         Metric::lower("disk_ios", "I/Os", io.ios() as f64),
         Metric::lower("mean_disk_io_ms", "ms", io.mean_io_ms()),
+        Metric::higher("mean_disk_io_kib", "KiB", mean_io_kib),
         Metric::lower("run_time_s", "s", run_time),
         Metric::higher("throughput", "requests/s", throughput),
     ];
@@ -1151,7 +1235,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         mb(p.mem_cache_bytes),
     );
     text += &format!(
-        "{:<14} {:>9} {:>8} {:>8} {:>12} {:>13} {:>10} {:>13} {:>10} {:>11}\n",
+        "{:<14} {:>9} {:>8} {:>8} {:>12} {:>13} {:>10} {:>13} {:>12} {:>10} {:>11}\n",
         "file system",
         "disk MiB",
         "mem MiB",
@@ -1160,11 +1244,12 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         "FS write ms",
         "disk I/Os",
         "mean I/O ms",
+        "mean I/O KiB",
         "run time s",
         "requests/s"
     );
     text += &format!(
-        "{:<14} {:>9.0} {:>8.1} {:>8.3} {:>12.3} {:>13.3} {:>10} {:>13.2} {:>10.2} {:>11.0}\n",
+        "{:<14} {:>9.0} {:>8.1} {:>8.3} {:>12.3} {:>13.3} {:>10} {:>13.2} {:>12.1} {:>10.2} {:>11.0}\n",
         env.fs_label,
         mb(p.cache_bytes),
         mb(p.mem_cache_bytes),
@@ -1173,6 +1258,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         write_mean,
         io.ios(),
         io.mean_io_ms(),
+        mean_io_kib,
         run_time,
         throughput
     );
@@ -1587,5 +1673,57 @@ mod tests {
                 s.unique_bytes as f64 / s.requested_bytes as f64
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    fn ov(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> Result<Params> {
+        let mut p = apply_overrides(Params::for_tier(Tier::Quick), &ov(pairs))?;
+        p.apply_config()?;
+        apply_overrides(p, &ov(pairs))
+    }
+
+    #[test]
+    fn hummingbird_configurations_set_the_regime() {
+        let p = params(&[("config", "8g-256m")]).unwrap();
+        assert_eq!(p.cache_bytes, 8192 * MIB);
+        assert_eq!(
+            p.mem_cache_bytes,
+            128 * MIB,
+            "half the memory, as in the paper"
+        );
+        assert_eq!(p.max_cached_object, 64 * KIB);
+        assert_eq!(p.requests, 4_800_000);
+        assert_eq!(p.config_memory().unwrap(), Some(256 * MIB));
+        // Scaled: disk and trace shrink, memory does not; explicit keys still win.
+        let p = params(&[("config", "4g-1g"), ("scale", "0.25"), ("seed", "9")]).unwrap();
+        assert_eq!(p.cache_bytes, 1024 * MIB);
+        assert_eq!(p.mem_cache_bytes, 512 * MIB);
+        assert_eq!(p.requests, 1_200_000);
+        assert_eq!(p.seed, 9);
+        let e = params(&[("config", "2g-64m")]).unwrap_err().to_string();
+        assert!(e.contains("unknown config") && e.contains("8g-256m"), "{e}");
+        assert!(params(&[("config", "4g-256m"), ("scale", "0")]).is_err());
+    }
+
+    #[test]
+    #[ignore = "prints the size of a configuration's trace; run by hand"]
+    fn print_trace_summary() {
+        let p = params(&[("config", "8g-256m"), ("scale", "0.25")]).unwrap();
+        let trace = synth_trace(&p, 1).unwrap();
+        println!(
+            "{:?}",
+            serde_json::to_string(&trace.summary(p.max_cached_object))
+        );
     }
 }

@@ -493,6 +493,7 @@ impl Filesystem {
             VolumeOptions {
                 cache_bytes: options.cache_bytes,
                 data_cache_bytes: options.data_cache_bytes,
+                cluster_cache_bytes: options.cluster_cache_bytes,
                 nohistory: options.nohistory,
                 read_only: options.read_only,
                 rebuild_space_map: options.rebuild_space_map,
