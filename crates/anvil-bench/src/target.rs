@@ -570,6 +570,8 @@ impl Target {
             if let Some(c) = cfg.anvil_cache {
                 options.cache_bytes = c;
             }
+            let extra = std::env::var("ANVIL_MOUNT_OPTS").unwrap_or_default();
+            lib_options(&mut options, &extra)?;
             let fs = Filesystem::open_path(Path::new(dev), options)
                 .map_err(|e| BenchError(format!("open {dev}: {e}")))?;
             let attr = fs
@@ -669,6 +671,13 @@ impl Target {
                 fs.close()
                     .map_err(|e| BenchError(format!("close anvil volume: {e}"))),
             );
+            drop(fs);
+            // The volume's caches were this process's heap: hand it back, or the next
+            // target starts with it charged to the same memory cgroup.
+            // SAFETY: malloc_trim only releases free heap pages; no pointer is touched.
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
         if let Some(mnt) = self.mount.take() {
             // Mounts below ours first (zfs datasets of snapshot roots), deepest first,
@@ -768,6 +777,25 @@ impl Target {
             None => fail("this target has no directory"),
         }
     }
+}
+
+/// The mount options of ANVIL_MOUNT_OPTS that mean something to the library, applied to
+/// an anvil-lib target (the transport's are ignored).
+fn lib_options(options: &mut MountOptions, extra: &str) -> Result<()> {
+    for option in extra.split(',').filter(|o| !o.is_empty()) {
+        let size = |v: &str| match v {
+            "0" => Ok(0),
+            v => crate::cli::parse_size(v).map_err(BenchError),
+        };
+        match option.split_once('=') {
+            None if option == "nohistory" => options.nohistory = true,
+            Some(("cache", v)) => options.cache_bytes = size(v)?,
+            Some(("data_cache", v)) => options.data_cache_bytes = Some(size(v)?),
+            Some(("crash_log", v)) => options.crash_log = v != "off",
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Target {

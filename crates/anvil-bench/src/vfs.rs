@@ -71,6 +71,12 @@ pub trait Vfs: Send + Sync {
     fn mkdir(&self, path: &str, mode: u32) -> io::Result<()>;
     /// open(O_CREAT | O_TRUNC | O_WRONLY).
     fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>>;
+    /// `create`, with a hint that the file belongs with `near` (Hummingbird's
+    /// `collocate_files`). Only anvil-lib uses it; elsewhere it is a plain create.
+    fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>> {
+        let _ = near;
+        self.create(path, mode)
+    }
     /// open(O_RDONLY).
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>>;
     /// rename(2): atomically replaces `to` if it exists.
@@ -350,6 +356,15 @@ impl Vfs for AnvilVfs {
             Err(err) => return Err(anvil_err(err)),
         };
         self.handle(ino)
+    }
+
+    fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>> {
+        let file = self.create(path, mode)?;
+        // A hint about a file that is gone (evicted) is no hint.
+        if let (Ok(ino), Ok(near)) = (self.ino_of(path), self.ino_of(near)) {
+            self.fs.set_locality(ino, near);
+        }
+        Ok(file)
     }
 
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {

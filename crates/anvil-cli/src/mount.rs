@@ -103,10 +103,6 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
                 let bytes = crate::parse_size(value.ok_or("option data_cache needs a size")?)?;
                 config.mount.data_cache_bytes = Some(bytes);
             }
-            "cluster_cache" => {
-                let value = value.ok_or("option cluster_cache needs a size (0: off)")?;
-                config.mount.cluster_cache_bytes = Some(crate::parse_size(value)?);
-            }
             "commit_interval_ms" => config.mount.commit_interval_ms = number(value)?.max(1),
             "ttl_ms" => config.ttl = Duration::from_millis(number(value)?),
             "writeback" => config.writeback = true,

@@ -228,7 +228,18 @@ impl Space {
 
     /// Allocates `bytes` (rounded up to whole blocks).
     pub fn allocate(&self, bytes: u64, purpose: Purpose) -> Result<u64> {
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        Ok(self.allocate_run(&[bytes], purpose)?[0])
+    }
+
+    /// Allocates one range for all of `sizes` (each rounded up to whole blocks) and hands
+    /// it out as back-to-back pieces, each its own allocation (freed on its own later).
+    /// NoSpace when no free range holds them all, even if each would fit somewhere.
+    pub fn allocate_run(&self, sizes: &[u64], purpose: Purpose) -> Result<Vec<u64>> {
+        let sizes: Vec<u64> = sizes
+            .iter()
+            .map(|b| b.div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
+            .collect();
+        let bytes: u64 = sizes.iter().sum();
         let mut inner = self.inner.lock();
         let floor = if purpose == Purpose::Data {
             self.reserve_bytes
@@ -264,9 +275,15 @@ impl Space {
         };
         Self::take(&mut inner, start, bytes);
         inner.cursor = start + bytes;
-        #[cfg(debug_assertions)]
-        inner.allocated.insert(start, bytes);
-        Ok(start)
+        let mut offsets = Vec::with_capacity(sizes.len());
+        let mut at = start;
+        for size in sizes {
+            #[cfg(debug_assertions)]
+            inner.allocated.insert(at, size);
+            offsets.push(at);
+            at += size;
+        }
+        Ok(offsets)
     }
 
     /// Marks a range in use (mount-time rebuild). Fails if any part is already in use.
@@ -401,5 +418,32 @@ mod tests {
             Err(Error::NoSpace)
         ));
         space.allocate(4096, Purpose::Metadata).unwrap();
+    }
+
+    #[test]
+    fn a_run_is_one_range_freed_in_its_pieces() {
+        let space = Space::new(0, 64 * 4096);
+        // Holes of one and two blocks, then room after the cursor.
+        let a = space.allocate(4096, Purpose::Data).unwrap();
+        space.allocate(4096, Purpose::Data).unwrap();
+        let b = space.allocate(2 * 4096, Purpose::Data).unwrap();
+        space.allocate(4096, Purpose::Data).unwrap();
+        space.release(a, 4096);
+        space.release(b, 2 * 4096);
+        let run = space
+            .allocate_run(&[4096, 100, 2 * 4096], Purpose::Data)
+            .unwrap();
+        // Not in the holes: one range, back to back, each piece rounded to blocks.
+        assert_eq!(run, vec![run[0], run[0] + 4096, run[0] + 2 * 4096]);
+        assert!(run[0] > b);
+        for (offset, bytes) in run.iter().zip([4096, 4096, 2 * 4096]) {
+            space.release(*offset, bytes);
+        }
+        assert_eq!(space.free_bytes(), 64 * 4096 - 2 * 4096);
+        // A run larger than any free range is refused whole, though the space is there.
+        assert!(matches!(
+            space.allocate_run(&[30 * 4096, 30 * 4096], Purpose::Metadata),
+            Err(Error::NoSpace)
+        ));
     }
 }

@@ -122,7 +122,6 @@ impl CommitContext<'_> {
         for (address, bytes) in std::mem::take(&mut self.writes) {
             if !run.is_empty() && run_start + run.len() as u64 != address {
                 self.loader.device.write_at(&run, run_start)?;
-                self.loader.cache.forget_raw(run_start, run.len() as u64);
                 run.clear();
             }
             if run.is_empty() {
@@ -132,7 +131,6 @@ impl CommitContext<'_> {
         }
         if !run.is_empty() {
             self.loader.device.write_at(&run, run_start)?;
-            self.loader.cache.forget_raw(run_start, run.len() as u64);
         }
         Ok(())
     }

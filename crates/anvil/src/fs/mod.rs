@@ -493,7 +493,6 @@ impl Filesystem {
             VolumeOptions {
                 cache_bytes: options.cache_bytes,
                 data_cache_bytes: options.data_cache_bytes,
-                cluster_cache_bytes: options.cluster_cache_bytes,
                 nohistory: options.nohistory,
                 read_only: options.read_only,
                 rebuild_space_map: options.rebuild_space_map,
@@ -539,6 +538,14 @@ impl Filesystem {
         }
         self.volume.commit()?;
         Ok(())
+    }
+
+    /// A locality hint (Hummingbird's `collocate_files`): store file `ino`'s data next to
+    /// `near`'s, so that reading one brings the other into the cache with the same device
+    /// request. It steers the next commit's placement only: files already on the device
+    /// stay where they are, and a hint about a file that is not written is dropped.
+    pub fn set_locality(&self, ino: u64, near: u64) {
+        self.volume.set_locality(ino, near);
     }
 
     pub fn volume(&self) -> &Arc<Volume> {

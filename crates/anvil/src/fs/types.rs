@@ -135,10 +135,6 @@ pub struct MountOptions {
     /// At most this much of it holds decoded file data (None: a quarter). A FUSE mount
     /// keeps it small: the kernel's page cache holds what was read or written through it.
     pub data_cache_bytes: Option<u64>,
-    /// Beyond `cache_bytes`: raw device bytes read around small files, so that the files
-    /// written with them (their cluster-mates) are read without another device request
-    /// (None: an eighth of `cache_bytes`; 0: off).
-    pub cluster_cache_bytes: Option<u64>,
     /// Overwrites and deletes destroy old versions instead of keeping history.
     pub nohistory: bool,
     pub read_only: bool,
@@ -165,7 +161,6 @@ impl Default for MountOptions {
         MountOptions {
             cache_bytes: 256 << 20,
             data_cache_bytes: None,
-            cluster_cache_bytes: None,
             nohistory: false,
             read_only: false,
             commit_interval_ms: 5000,

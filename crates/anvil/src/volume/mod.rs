@@ -22,7 +22,7 @@ pub use tx::Tx;
 
 use crate::btree::commit::{apply, CommitContext, Mutation};
 use crate::btree::{self, Loader, Need, Root, Stop};
-use crate::cache::{BlockCache, SLAB_BYTES};
+use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::log::{
@@ -61,10 +61,11 @@ const SCRATCH_BYTES_MAX: usize = 4 << 20;
 const SHADOW_RING_BYTES_MAX: u64 = 64 << 20;
 /// Longest merged extent read.
 const RUN_BYTES_MAX: u64 = 4 << 20;
-/// Extents of at most this many blocks are read with their cluster (`read_cluster`).
+/// Extents of at most this size are placed as clusters (`place_clustered`): the sizes the
+/// device reads around (`device::file`), so that one read brings a small file's mates.
 const CLUSTER_EXTENT_BYTES_MAX: u64 = 32 << 10;
-/// A cluster read: the slab holding the wanted extent and the slabs after it, where the
-/// files written after it in the same commit lie. 128 KiB holds a Hummingbird locality set
+/// A cluster: the small extents a commit writes one after another, in one free range of at
+/// most this size, the device's read-around window. 128 KiB holds a Hummingbird locality set
 /// four times out of five (80% of them are at most 128 KB).
 const CLUSTER_WINDOW_BYTES: u64 = 128 << 10;
 
@@ -76,9 +77,6 @@ pub struct VolumeOptions {
     /// Of the cache's half of that budget, what decoded file data may hold (None: half of
     /// it). Small under a FUSE mount, where the kernel's page cache holds file data.
     pub data_cache_bytes: Option<u64>,
-    /// What raw cluster slabs may hold beyond that (None: an eighth of `cache_bytes`; 0:
-    /// small extents are read alone, without their cluster-mates).
-    pub cluster_cache_bytes: Option<u64>,
     /// Overwrites and deletes destroy old versions instead of keeping history.
     pub nohistory: bool,
     pub read_only: bool,
@@ -100,7 +98,6 @@ impl Default for VolumeOptions {
         VolumeOptions {
             cache_bytes: 256 << 20,
             data_cache_bytes: None,
-            cluster_cache_bytes: None,
             nohistory: false,
             read_only: false,
             rebuild_space_map: false,
@@ -300,7 +297,14 @@ pub struct Volume {
     log_flushed: AtomicU64,
     /// Where changes are logged between fsyncs, if not in the image (`shadow.rs`).
     shadow: Option<shadow::ShadowLog>,
+    /// Locality hints for the next commit: an object's data goes right after the data of
+    /// the object named here (`set_locality`).
+    locality: Mutex<HashMap<u64, u64>>,
 }
+
+/// Locality hints kept at most; past this, older ones are dropped (a hint only steers
+/// placement, so losing one costs locality, never data).
+const LOCALITY_HINTS_MAX: usize = 1 << 16;
 
 /// Where the redo log is read from in recovery.
 #[derive(Clone, Copy)]
@@ -457,10 +461,7 @@ impl Volume {
             .data_cache_bytes
             .unwrap_or(cached_bytes / 2)
             .min(cached_bytes);
-        let cluster_bytes = options
-            .cluster_cache_bytes
-            .unwrap_or(options.cache_bytes / 8);
-        let cache = BlockCache::with_clusters(cached_bytes - data_bytes, data_bytes, cluster_bytes);
+        let cache = BlockCache::new(cached_bytes - data_bytes, data_bytes);
         let root = Root {
             address: sb.root_address,
             level: sb.root_level,
@@ -566,6 +567,7 @@ impl Volume {
             log_appends: AtomicU64::new(0),
             log_flushed: AtomicU64::new(0),
             shadow,
+            locality: Mutex::new(HashMap::new()),
         });
         if let (Some(shadow), false) = (&volume.shadow, volume.is_read_only()) {
             let size = volume.log.lock().size;
@@ -985,16 +987,7 @@ impl Volume {
                         extent_location(extent),
                     )));
                 }
-                let found = match self.cache.extent(extent) {
-                    Some(found) => found,
-                    None => {
-                        let decoded = Arc::new(self.cluster_cached(extent)?);
-                        if keep(i) {
-                            self.cache.insert_extent(*extent, decoded.clone());
-                        }
-                        return Some(Ok(decoded));
-                    }
-                };
+                let found = self.cache.extent(extent)?;
                 if !keep(i) {
                     self.cache.remove_extent(extent);
                 }
@@ -1018,21 +1011,6 @@ impl Volume {
                 end += 1;
             }
             let first = &extents[order[start]];
-            if end == start + 1 {
-                // A small extent read alone comes with its cluster.
-                if let Some(read) = self.read_cluster(first) {
-                    let index = order[start];
-                    out[index] = Some(read.map(|bytes| {
-                        let bytes = Arc::new(bytes);
-                        if keep(index) {
-                            self.cache.insert_extent(*first, bytes.clone());
-                        }
-                        bytes
-                    }));
-                    start = end;
-                    continue;
-                }
-            }
             let last = &extents[order[end - 1]];
             // Whole blocks, into a reused block-aligned buffer: an O_DIRECT device reads
             // straight into it, with no zeroing, no bounce buffer and no copy out of one.
@@ -1090,75 +1068,9 @@ impl Volume {
         if let Some(bytes) = self.cache.extent(extent) {
             return Ok(bytes);
         }
-        let bytes = match self.cluster_cached(extent) {
-            Some(bytes) => bytes,
-            None => match self.read_cluster(extent) {
-                Some(read) => read?,
-                None => self.read_extent_uncached(extent)?,
-            },
-        };
-        let bytes = Arc::new(bytes);
+        let bytes = Arc::new(self.read_extent_uncached(extent)?);
         self.cache.insert_extent(*extent, bytes.clone());
         Ok(bytes)
-    }
-
-    /// Whether `extent` is read with its cluster: small, in bounds, clusters on.
-    fn clusters_apply(&self, extent: &ExtentRef) -> bool {
-        self.cache.clusters_on()
-            && extent.allocated_bytes() <= CLUSTER_EXTENT_BYTES_MAX
-            && self.extent_in_bounds(extent)
-    }
-
-    /// `extent` decoded from cached cluster slabs, if they hold it and it verifies (slabs
-    /// that do not verify are forgotten; the caller reads the device).
-    fn cluster_cached(&self, extent: &ExtentRef) -> Option<Vec<u8>> {
-        if !self.clusters_apply(extent) {
-            return None;
-        }
-        let stored = self
-            .cache
-            .raw(extent.offset, extent.stored_bytes as usize)?;
-        match decode_extent(extent, &stored) {
-            Ok(bytes) => {
-                self.cache.count_cluster(true);
-                Some(bytes)
-            }
-            Err(_) => {
-                self.cache.count_cluster(false);
-                self.cache
-                    .forget_raw(extent.offset, extent.allocated_bytes());
-                None
-            }
-        }
-    }
-
-    /// Reads the cluster window that starts with the slab holding `extent` (one device
-    /// request), caches it as raw slabs and decodes `extent` from it. None when clusters do
-    /// not apply or the window would pass the end of the volume.
-    fn read_cluster(&self, extent: &ExtentRef) -> Option<Result<Vec<u8>>> {
-        if !self.clusters_apply(extent) {
-            return None;
-        }
-        let start = extent.offset / SLAB_BYTES * SLAB_BYTES;
-        let volume_end = self.space.volume_bytes() / SLAB_BYTES * SLAB_BYTES;
-        let end = (start + CLUSTER_WINDOW_BYTES).min(volume_end);
-        if extent.offset + extent.allocated_bytes() > end {
-            return None;
-        }
-        let epoch = self.cache.raw_epoch();
-        let mut scratch = RUN_BUFFER.take();
-        let buffer = aligned_scratch(&mut scratch, (end - start) as usize);
-        let read = match self.device.read_at(buffer, start) {
-            Ok(()) => {
-                self.cache.insert_raw(start, buffer, epoch);
-                let at = (extent.offset - start) as usize;
-                decode_extent(extent, &buffer[at..at + extent.stored_bytes as usize])
-            }
-            // The window may cross blocks the extent does not need: try the extent alone.
-            Err(_) => self.read_extent_uncached(extent),
-        };
-        RUN_BUFFER.set(scratch);
-        Some(read)
     }
 
     /// Reads and verifies one extent from the device, bypassing the cache (for `check`).
@@ -1533,7 +1445,6 @@ impl Volume {
             if needed <= bytes {
                 let block = spacemap::seal(&payload, self.volume_id, tid, address, bytes);
                 self.device.write_at(&block, address)?;
-                self.cache.forget_raw(address, bytes);
                 let free: u64 = ranges.iter().map(|(_, l)| l).sum();
                 return Ok(SpaceMapPlace {
                     address,
@@ -1552,11 +1463,16 @@ impl Volume {
     /// from the chunk buffers.
     fn write_extents(&self, mutations: &mut [Mutation], data: Vec<(usize, Stored)>) -> Result<()> {
         static ZEROS: [u8; BLOCK_BYTES as usize] = [0; BLOCK_BYTES as usize];
+        let data = self.order_by_locality(mutations, data);
         let mut placed: Vec<(u64, u64, &Stored)> = Vec::with_capacity(data.len());
-        for (index, stored) in &data {
+        let sizes: Vec<u64> = data
+            .iter()
+            .map(|(_, stored)| (stored.bytes().len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
+            .collect();
+        let offsets = self.place_clustered(&sizes)?;
+        for ((index, stored), offset) in data.iter().zip(offsets) {
             let bytes = stored.bytes();
             let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
-            let offset = self.space.allocate(allocated, Purpose::Metadata)?;
             let counted = stored.logical_bytes() as u64 + 64;
             let _ =
                 self.frozen_unallocated
@@ -1599,10 +1515,93 @@ impl Volume {
                 }
             }
             self.device.write_vectored_at(&slices, placed[start].0)?;
-            self.cache.forget_raw(placed[start].0, run_bytes);
             start = end;
         }
         Ok(())
+    }
+
+    /// Asks the next commit to place `obj`'s data right after `near`'s (when both are in
+    /// it), as Hummingbird's `collocate_files` did: a proxy names the page an embedded
+    /// image belongs to, and a later visit of the page reads both in one cluster window.
+    /// A hint lives until the commit that writes `obj`'s data.
+    pub fn set_locality(&self, obj: u64, near: u64) {
+        let mut hints = self.locality.lock();
+        if hints.len() >= LOCALITY_HINTS_MAX {
+            hints.clear();
+        }
+        // Chains resolve to the first object: images of a page all follow the page.
+        let near = hints.get(&near).copied().unwrap_or(near);
+        if near != obj {
+            hints.insert(obj, near);
+        }
+    }
+
+    /// Orders the extents a commit writes by (locality group, key): without hints, key
+    /// order (objects in creation order, each object's chunks in file order); a hinted
+    /// object's data follows its group's first object.
+    fn order_by_locality(
+        &self,
+        mutations: &[Mutation],
+        data: Vec<(usize, Stored)>,
+    ) -> Vec<(usize, Stored)> {
+        let mut hints = self.locality.lock();
+        if hints.is_empty() {
+            return data;
+        }
+        // (group, object, position) beside each extent.
+        type Keyed = ((u64, u64, usize), (usize, Stored));
+        let mut keyed: Vec<Keyed> = data
+            .into_iter()
+            .enumerate()
+            .map(|(at, (index, stored))| {
+                let obj = mutations[index].key().obj;
+                let group = hints.get(&obj).copied().unwrap_or(obj);
+                ((group, obj, at), (index, stored))
+            })
+            .collect();
+        for ((_, obj, _), _) in &keyed {
+            hints.remove(obj);
+        }
+        drop(hints);
+        keyed.sort_unstable_by_key(|(order, _)| *order);
+        keyed.into_iter().map(|(_, extent)| extent).collect()
+    }
+
+    /// Allocates space for extents of `sizes` (whole blocks, in the order they are written):
+    /// small ones that follow each other go into one free range per cluster window, so
+    /// that files written together lie together even where free space is fragmented (a
+    /// next-fit allocator would otherwise scatter them over the holes after the cursor).
+    fn place_clustered(&self, sizes: &[u64]) -> Result<Vec<u64>> {
+        let mut offsets = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        while start < sizes.len() {
+            let mut end = start + 1;
+            let mut bytes = sizes[start];
+            if sizes[start] <= CLUSTER_EXTENT_BYTES_MAX {
+                while end < sizes.len()
+                    && sizes[end] <= CLUSTER_EXTENT_BYTES_MAX
+                    && bytes + sizes[end] <= CLUSTER_WINDOW_BYTES
+                {
+                    bytes += sizes[end];
+                    end += 1;
+                }
+            }
+            match self
+                .space
+                .allocate_run(&sizes[start..end], Purpose::Metadata)
+            {
+                Ok(run) => offsets.extend(run),
+                // No free range holds the whole cluster: its members go where they fit.
+                Err(Error::NoSpace) if end > start + 1 => {
+                    for &size in &sizes[start..end] {
+                        offsets.push(self.space.allocate(size, Purpose::Metadata)?);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            start = end;
+        }
+        Ok(offsets)
     }
 
     /// Makes every change made so far survive a crash of this process: appends the changes
@@ -1926,8 +1925,6 @@ impl Volume {
         }
         for (offset, slices) in &placed {
             self.device.write_vectored_at(slices, *offset)?;
-            let written: u64 = slices.iter().map(|s| s.len() as u64).sum();
-            self.cache.forget_raw(*offset, written);
         }
         mutations.sort_by_key(Mutation::key);
         let previous = self.state.lock().superblock.clone();
