@@ -15,7 +15,10 @@
 //! whole and kept in a small buffer (64 windows, 8 MiB), so that nodes and extents written
 //! side by side by one commit (a directory's files, a tree path) come in one request, as
 //! the page cache's readahead would bring them. Every write drops the windows it overlaps;
-//! a window read while any write was in flight is not kept.
+//! a window read while any write was in flight is not kept. Windows are read only while
+//! they pay: when recent windows served fewer later reads than were windows read (files
+//! read in another order than they were written, a working set far larger than the
+//! windows), small reads go to the device as they are, but for one probe in sixteen.
 
 use super::Device;
 use lru::LruCache;
@@ -56,7 +59,19 @@ struct ReadAround {
     /// write was in flight is not kept.
     writes: AtomicU64,
     in_flight: AtomicU64,
+    /// Windows read and the small reads served from windows since, both halved now and
+    /// then so that they describe the recent past (`windows_pay`).
+    recent_windows: AtomicU64,
+    recent_hits: AtomicU64,
+    /// Small reads that missed the windows.
+    misses: AtomicU64,
 }
+
+/// Window reads `windows_pay` looks back over (about; halved past twice this).
+const WINDOW_HISTORY: u64 = 512;
+/// While windows do not pay, one small read in this many that misses still reads its
+/// window, so that a change in the workload is noticed.
+const WINDOW_PROBE_EVERY: u64 = 16;
 
 impl ReadAround {
     fn new() -> ReadAround {
@@ -64,6 +79,33 @@ impl ReadAround {
             windows: Mutex::new(LruCache::new(NonZeroUsize::new(WINDOWS).expect("nonzero"))),
             writes: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            recent_windows: AtomicU64::new(0),
+            recent_hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a small read that missed should read its whole window: yes while recent
+    /// windows served at least one later read each. (A proxy-cache replay whose windows
+    /// served one read for every two saved a quarter of its device requests and lost a
+    /// fifth of its time reading six times the bytes; see docs/design.md.)
+    fn windows_pay(&self) -> bool {
+        let windows = self.recent_windows.load(Ordering::Relaxed);
+        let hits = self.recent_hits.load(Ordering::Relaxed);
+        windows < 32
+            || hits >= windows
+            || self.misses.fetch_add(1, Ordering::Relaxed) % WINDOW_PROBE_EVERY == 0
+    }
+
+    /// Counts a window read (or `hit`: a small read served from windows).
+    fn count(&self, hit: bool) {
+        if hit {
+            self.recent_hits.fetch_add(1, Ordering::Relaxed);
+        } else if self.recent_windows.fetch_add(1, Ordering::Relaxed) >= 2 * WINDOW_HISTORY {
+            // Racy halving is fine: these steer a heuristic, nothing else counts on them.
+            self.recent_windows.store(WINDOW_HISTORY, Ordering::Relaxed);
+            let hits = self.recent_hits.load(Ordering::Relaxed);
+            self.recent_hits.store(hits / 2, Ordering::Relaxed);
         }
     }
 
@@ -189,7 +231,12 @@ impl FileDevice {
                 }
             }
         }
-        if found.len() as u64 != last - first + 1 {
+        let hit = found.len() as u64 == last - first + 1;
+        if !hit && !self.windows.windows_pay() {
+            return direct_read(direct, buf, offset);
+        }
+        self.windows.count(hit);
+        if !hit {
             let before = self.windows.writes.load(Ordering::Acquire);
             let quiet = self.windows.in_flight.load(Ordering::Acquire) == 0;
             let span = ((last - first + 1) * WINDOW_BYTES) as usize;
@@ -575,5 +622,29 @@ mod tests {
         assert!(all == model, "the file differs from the model");
         let mut past_end = vec![0u8; 100];
         assert!(device.read_at(&mut past_end, (1 << 20) - 50).is_err());
+    }
+
+    #[test]
+    fn windows_stop_when_nothing_reads_from_them() {
+        let around = ReadAround::new();
+        // Windows that serve a read each: they keep being read.
+        for _ in 0..200 {
+            assert!(around.windows_pay());
+            around.count(false);
+            around.count(true);
+        }
+        // Windows nobody reads from again: after a while only the probes read one.
+        for _ in 0..3000 {
+            if around.windows_pay() {
+                around.count(false);
+            }
+        }
+        let asked: u32 = (0..160).map(|_| u32::from(around.windows_pay())).sum();
+        assert!((8..=12).contains(&asked), "{asked} of 160 misses read a window");
+        // Reads served again: windows come back.
+        for _ in 0..3000 {
+            around.count(true);
+        }
+        assert!(around.windows_pay());
     }
 }
