@@ -570,6 +570,10 @@ impl Target {
             if let Some(c) = cfg.anvil_cache {
                 options.cache_bytes = c;
             }
+            // As the mount's daemon does: the volume's freed memory goes back to the
+            // kernel, within the run's memory cgroup.
+            static TRIMMER: std::sync::Once = std::sync::Once::new();
+            TRIMMER.call_once(anvil::heap::start_heap_trimmer);
             let extra = std::env::var("ANVIL_MOUNT_OPTS").unwrap_or_default();
             lib_options(&mut options, &extra)?;
             let fs = Filesystem::open_path(Path::new(dev), options)

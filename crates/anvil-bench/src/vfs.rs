@@ -77,6 +77,9 @@ pub trait Vfs: Send + Sync {
         let _ = near;
         self.create(path, mode)
     }
+    /// Turns history off below directory `path` on an anvil volume (`anvil nohistory`).
+    /// Only for anvil targets: elsewhere the attribute would be stored as junk.
+    fn set_anvil_nohistory(&self, path: &str) -> io::Result<()>;
     /// open(O_RDONLY).
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>>;
     /// rename(2): atomically replaces `to` if it exists.
@@ -184,6 +187,14 @@ impl Vfs for PosixVfs {
 
     fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>> {
         self.open_at(path, libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY, mode)
+    }
+
+    fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
+        let c = self.c_path(path)?;
+        let name = c"trusted.anvil.nohistory";
+        // SAFETY: NUL-terminated path and name; the value is one byte that outlives the call.
+        check(unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) })
+            .map(|_| ())
     }
 
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
@@ -370,6 +381,11 @@ impl Vfs for AnvilVfs {
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
         let ino = self.ino_of(path)?;
         self.handle(ino)
+    }
+
+    fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
+        let ino = self.ino_of(path)?;
+        self.fs.set_nohistory(ino, true).map_err(anvil_err)
     }
 
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {

@@ -375,7 +375,7 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
             log::info!("device I/O: through the host page cache ({why})")
         }
     }
-    anvil_fuse::start_heap_trimmer();
+    anvil::heap::start_heap_trimmer();
     let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
     if let Some(spec) = &config.as_of {
         match fs.resolve_as_of(spec) {

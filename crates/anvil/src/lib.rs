@@ -24,6 +24,7 @@ pub mod device;
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod heap;
 pub(crate) mod space;
 pub(crate) mod volume;
 

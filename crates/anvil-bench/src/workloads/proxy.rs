@@ -131,6 +131,11 @@ pub struct Params {
     /// Scales a configuration's disk cache and trace length (not its memory), for a
     /// shorter run of the same regime; 1 = the paper's sizes.
     pub scale: f64,
+    /// Whether anvil keeps history of the cache directory. A proxy's cache is the
+    /// textbook case for `anvil nohistory` (evicted objects are never wanted again, and
+    /// with history their space never returns); the configurations turn it off, the
+    /// tiers keep the volume's default so their figures stay comparable.
+    pub cache_history: bool,
     /// wg-Hummingbird's locality hints: each non-HTML object a client fetches is created
     /// with a hint naming the client's latest HTML page (`collocate_files`). Only
     /// anvil-lib takes hints; other targets create the file as usual.
@@ -186,6 +191,7 @@ impl Params {
         self.pages = (self.requests as f64 * HUMMINGBIRD_PAGES_PER_REQUEST) as u64;
         self.shared_images = (self.pages / 20).max(50);
         self.clients = 200;
+        self.cache_history = false;
         Ok(())
     }
 }
@@ -232,6 +238,7 @@ impl Params {
             seed: 0,
             config: String::new(),
             scale: 1.0,
+            cache_history: true,
             hints: true,
         }
     }
@@ -1003,9 +1010,13 @@ impl Content {
     }
 }
 
-fn make_tree(vfs: &dyn Vfs, p: &Params) -> Result<()> {
+fn make_tree(vfs: &dyn Vfs, p: &Params, fs_type: &str) -> Result<()> {
     vfs.mkdir(CACHE_DIR, 0o755)
         .ctx(|| format!("mkdir {CACHE_DIR}"))?;
+    if !p.cache_history && fs_type == "anvil" {
+        vfs.set_anvil_nohistory(CACHE_DIR)
+            .ctx(|| format!("anvil nohistory {CACHE_DIR}"))?;
+    }
     for a in 0..p.l1 {
         let d1 = format!("{CACHE_DIR}/{a:02X}");
         vfs.mkdir(&d1, 0o755).ctx(|| format!("mkdir {d1}"))?;
@@ -1187,7 +1198,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
 
     env.progress.set_message("making the cache tree");
     let ((), setup) = env.phase("setup", || {
-        make_tree(env.vfs, p)?;
+        make_tree(env.vfs, p, &env.fs_type)?;
         env.probe.sync()
     })?;
 

@@ -640,7 +640,10 @@ mod tests {
             }
         }
         let asked: u32 = (0..160).map(|_| u32::from(around.windows_pay())).sum();
-        assert!((8..=12).contains(&asked), "{asked} of 160 misses read a window");
+        assert!(
+            (8..=12).contains(&asked),
+            "{asked} of 160 misses read a window"
+        );
         // Reads served again: windows come back.
         for _ in 0..3000 {
             around.count(true);

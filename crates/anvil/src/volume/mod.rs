@@ -59,6 +59,19 @@ const SCRATCH_BYTES_MAX: usize = 4 << 20;
 /// pages stay allocated while the volume is busy (rewriting them is cheaper than
 /// allocating them), so this is the memory it may hold.
 const SHADOW_RING_BYTES_MAX: u64 = 64 << 20;
+/// With a crash log file, the ring uses at least this much of the log region (twice the
+/// largest batch), however small the cache budget.
+const SHADOW_RING_BYTES_MIN: u64 = 2 * LOG_BATCH_BYTES_MAX;
+
+/// The part of the log region a writer with a crash log file uses: the file's pages are
+/// memory (tmpfs, charged to the daemon's memory cgroup), so the ring takes a quarter of
+/// the cache budget, between `SHADOW_RING_BYTES_MIN` and `SHADOW_RING_BYTES_MAX`. Under a
+/// 256 MiB limit the 64 MiB ring alone got a proxy replay killed by the OOM killer.
+fn shadow_ring_bytes(cache_bytes: u64) -> u64 {
+    let bytes = (cache_bytes / 4).clamp(SHADOW_RING_BYTES_MIN, SHADOW_RING_BYTES_MAX);
+    bytes / LOG_PAGE_BYTES * LOG_PAGE_BYTES
+}
+
 /// Longest merged extent read.
 const RUN_BYTES_MAX: u64 = 4 << 20;
 /// Extents of at most this size are placed as clusters (`place_clustered`): the sizes the
@@ -517,8 +530,8 @@ impl Volume {
         };
         let ring = LogRing {
             size: match shadow {
-                Some(_) if sb.log_bytes > SHADOW_RING_BYTES_MAX => SHADOW_RING_BYTES_MAX,
-                _ => sb.log_bytes,
+                Some(_) => sb.log_bytes.min(shadow_ring_bytes(options.cache_bytes)),
+                None => sb.log_bytes,
             },
             // Never 0: a salt of 0 marks batches of format version 2.
             salt: rand::random::<u64>() | 1,
@@ -674,7 +687,7 @@ impl Volume {
         // A writer starts on a page of its own (appends rewrite their page whole); the
         // batches replayed stay intact until the next commit makes them dead (a writable
         // open commits them before any append). The batches replayed may lie beyond the
-        // part of the region this writer's ring uses (`SHADOW_RING_BYTES_MAX`).
+        // part of the region this writer's ring uses (`shadow_ring_bytes`).
         ring.head = pos.div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES % ring.size;
         ring.page.clear();
         Ok(replayed)

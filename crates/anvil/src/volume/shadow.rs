@@ -15,8 +15,8 @@
 //! a daemon crash the two together hold every acknowledged change, after a power loss (or
 //! on another machine) the region alone holds what was fsync'd.
 //!
-//! Memory: the ring uses at most 64 MiB of the region when it has a shadow
-//! (`SHADOW_RING_BYTES_MAX`). Between fsyncs the shadow's pages stay allocated, also those a
+//! Memory: the ring uses a quarter of the cache budget of the region when it has a
+//! shadow, 16 to 64 MiB (`shadow_ring_bytes`). Between fsyncs the shadow's pages stay allocated, also those a
 //! commit made dead, because tmpfs allocating, zeroing and charging a fresh page for every
 //! append cost more than the append's copy (64 KiB rewrites took 67 us each instead of
 //! 46 us when every commit punched the dead pages out). An fsync frees what it copied, an
