@@ -16,6 +16,8 @@ use crate::space::{Purpose, Space};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Longest single device write of node blocks.
+const WRITE_RUN_BYTES_MAX: usize = 4 << 20;
 /// A node rewritten by a commit with less payload than this is merged with a neighbour.
 /// Two merged nodes hold at most 4/3 of a node, so a merge that overflows splits into two
 /// nodes at least half full: merging never cascades into splits that merge again.
@@ -59,8 +61,9 @@ pub struct CommitContext<'a> {
     pub tid: u64,
     /// Ranges (offset, bytes) no longer referenced by the new tree.
     pub freed: Vec<(u64, u64)>,
-    /// Node blocks to write, by address.
-    pub writes: Vec<(u64, Vec<u8>)>,
+    /// Addresses of the nodes to write (in `fresh`, encoded only by `write_out`, so that a
+    /// commit holds each node once, decoded, however many it rewrites).
+    pub writes: Vec<u64>,
     /// Nodes this commit built, by address: they are not on the device until `write_out`,
     /// and the bounded cache may already have dropped them.
     fresh: HashMap<u64, Arc<Node>>,
@@ -92,8 +95,7 @@ impl CommitContext<'_> {
         let first = node.first_key().expect("written nodes are never empty");
         let fill = node.payload_bytes();
         let address = self.space.allocate(NODE_BYTES as u64, Purpose::Metadata)?;
-        let bytes = node.encode(self.loader.volume_id, self.tid, address);
-        self.writes.push((address, bytes));
+        self.writes.push(address);
         let node = Arc::new(node);
         self.fresh.insert(address, node.clone());
         self.loader.cache.insert_node(address, node);
@@ -108,26 +110,33 @@ impl CommitContext<'_> {
     /// before it reaches the device, an older one is freed with the old root.
     fn discard(&mut self, child: &Child) {
         if self.fresh.remove(&child.address).is_some() {
-            self.writes.retain(|(address, _)| *address != child.address);
+            self.writes.retain(|address| *address != child.address);
         }
         self.freed.push((child.address, NODE_BYTES as u64));
         self.loader.cache.remove_node(child.address);
     }
 
-    /// Writes all pending node blocks, merging adjacent ones into single device writes.
+    /// Writes all pending node blocks, merging adjacent ones into single device writes of
+    /// at most `WRITE_RUN_BYTES_MAX`.
     pub fn write_out(&mut self) -> Result<()> {
-        self.writes.sort_by_key(|(address, _)| *address);
+        let mut addresses = std::mem::take(&mut self.writes);
+        addresses.sort_unstable();
         let mut run_start = 0u64;
         let mut run: Vec<u8> = Vec::new();
-        for (address, bytes) in std::mem::take(&mut self.writes) {
-            if !run.is_empty() && run_start + run.len() as u64 != address {
+        for address in addresses {
+            let contiguous = run_start + run.len() as u64 == address;
+            if !run.is_empty() && (!contiguous || run.len() >= WRITE_RUN_BYTES_MAX) {
                 self.loader.device.write_at(&run, run_start)?;
                 run.clear();
             }
             if run.is_empty() {
                 run_start = address;
             }
-            run.extend_from_slice(&bytes);
+            let node = self
+                .fresh
+                .get(&address)
+                .expect("every node to write was built by this commit");
+            run.extend_from_slice(&node.encode(self.loader.volume_id, self.tid, address));
         }
         if !run.is_empty() {
             self.loader.device.write_at(&run, run_start)?;
