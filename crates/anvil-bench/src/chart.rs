@@ -7,7 +7,9 @@
 //!   with a line at 1, min..max whiskers and a final geometric-mean group;
 //! * `-series-<name>`: one line per target for each curve of the run
 //!   (blogbench's per-interval counters, iozone's throughput per record size);
-//! * `-io`: the device I/O table (reads, writes, MB, mean I/O time).
+//! * `-io`: the device I/O table (reads, writes, MB, mean I/O time);
+//! * `-disk-ios`: for workloads that report `disk_ios` (proxy-cache), one bar per target
+//!   with its median and min..max, as Hummingbird's comparison counted them.
 //!
 //! Layout is computed here, never measured through a font, so SVG needs no
 //! font file; PNG text needs a TrueType font, registered at run time.
@@ -271,7 +273,18 @@ enum Kind {
     Ratio(RatioChart),
     Series(SeriesChart),
     Table(TableChart),
+    Bars(BarChart),
 }
+
+/// Absolute values of one metric, one bar per target.
+struct BarChart {
+    y_label: String,
+    /// (target, colour index, median, min, max).
+    bars: Vec<(String, usize, f64, f64, f64)>,
+}
+
+/// The metric drawn as absolute bars, where a workload reports it.
+const BAR_METRIC: &str = "disk_ios";
 
 struct RatioChart {
     baseline: String,
@@ -464,6 +477,38 @@ fn charts(results: &BenchResults) -> Vec<Chart> {
             title: format!("{}: {}", results.workload, first.name),
             size: (WIDTH, 480 + legend_height(&legend)),
             kind: Kind::Series(chart),
+        });
+    }
+
+    // Disk I/Os per target.
+    let bars: Vec<(String, usize, f64, f64, f64)> = results
+        .targets
+        .iter()
+        .filter_map(|t| {
+            let m = t.summary.iter().find(|m| m.name == BAR_METRIC)?;
+            m.median.is_finite().then(|| {
+                (
+                    t.fs.label.clone(),
+                    colour(&t.fs.label),
+                    m.median,
+                    m.min,
+                    m.max,
+                )
+            })
+        })
+        .collect();
+    if !bars.is_empty() {
+        out.push(Chart {
+            stem: format!("{prefix}-disk-ios"),
+            title: format!(
+                "{}: disk I/Os per target (median, min..max; lower is better)",
+                results.workload
+            ),
+            size: (WIDTH, 480),
+            kind: Kind::Bars(BarChart {
+                y_label: "disk I/Os (reads + writes)".into(),
+                bars,
+            }),
         });
     }
 
@@ -950,7 +995,90 @@ fn draw<DB: DrawingBackend>(chart: &Chart, root: &DrawingArea<DB, Shift>) -> DRe
         Kind::Ratio(c) => draw_ratio(root, &chart.title, c),
         Kind::Series(c) => draw_series(root, &chart.title, c),
         Kind::Table(c) => draw_table(root, &chart.title, c),
+        Kind::Bars(c) => draw_bars(root, &chart.title, c),
     }
+}
+
+fn draw_bars<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    c: &BarChart,
+) -> DResult<DB> {
+    let (w, h) = root.dim_in_pixel();
+    let top = draw_header(root, title, &[])? + 8;
+    let ymax = c
+        .bars
+        .iter()
+        .map(|b| b.4.max(b.2))
+        .fold(0f64, f64::max)
+        .max(1.0);
+    let ticks = nice_ticks(0.0, ymax * 1.04, 8);
+    let step = if ticks.len() > 1 {
+        ticks[1] - ticks[0]
+    } else {
+        ymax
+    };
+    let yhi = (ymax * 1.04 / step).ceil() * step;
+    let frame = Frame {
+        x0: 84,
+        y0: top,
+        x1: w as i32 - 28,
+        y1: h as i32 - 56,
+        xr: (0.0, c.bars.len() as f64),
+        yr: (0.0, yhi),
+    };
+    for t in nice_ticks(0.0, yhi, 8) {
+        let y = frame.py(t);
+        line(root, vec![(frame.x0, y), (frame.x1, y)], GRID, 1)?;
+        Label::new(14.0).at(HPos::Right, VPos::Center).draw(
+            root,
+            &fmt_axis(t),
+            (frame.x0 - 6, y),
+        )?;
+    }
+    for (i, (label, ci, median, low, high)) in c.bars.iter().enumerate() {
+        let (left, right) = (frame.px(i as f64 + 0.2), frame.px(i as f64 + 0.8));
+        let middle = (left + right) / 2;
+        rect(
+            root,
+            (left, frame.py(*median)),
+            (right, frame.y1),
+            colour(*ci),
+        )?;
+        if high > low {
+            line(
+                root,
+                vec![(middle, frame.py(*low)), (middle, frame.py(*high))],
+                INK,
+                1,
+            )?;
+        }
+        Label::new(14.0).at(HPos::Center, VPos::Bottom).draw(
+            root,
+            &format!("{median:.0}"),
+            (middle, frame.py(*high) - 4),
+        )?;
+        Label::new(14.0).at(HPos::Center, VPos::Top).draw(
+            root,
+            &ellipsize(label, 24),
+            (middle, frame.y1 + 7),
+        )?;
+    }
+    Label::new(15.0)
+        .colour(MUTED)
+        .at(HPos::Center, VPos::Top)
+        .vertical()
+        .draw(root, &c.y_label, (10, (frame.y0 + frame.y1) / 2))?;
+    line(
+        root,
+        vec![
+            (frame.x0, frame.y0),
+            (frame.x0, frame.y1),
+            (frame.x1, frame.y1),
+        ],
+        INK,
+        1,
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -1514,6 +1642,41 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn disk_io_bars_appear_where_a_workload_counts_disk_ios() {
+        use crate::results::MetricSummary;
+        let mut r = fixture();
+        assert!(!charts(&r).iter().any(|c| c.stem.ends_with("-disk-ios")));
+        for (i, t) in r.targets.iter_mut().enumerate() {
+            t.summary.push(MetricSummary {
+                name: "disk_ios".into(),
+                unit: "I/Os".into(),
+                higher_is_better: false,
+                n: 2,
+                median: 1000.0 * (i + 1) as f64,
+                mean: 1000.0 * (i + 1) as f64,
+                stddev: 0.0,
+                min: 900.0 * (i + 1) as f64,
+                max: 1100.0 * (i + 1) as f64,
+                samples: vec![1000.0 * (i + 1) as f64; 2],
+            });
+        }
+        r.workload = "proxy-cache".into();
+        let all = charts(&r);
+        let chart = all
+            .iter()
+            .find(|c| c.stem == "proxy-cache-disk-ios")
+            .expect("a disk I/O chart");
+        let Kind::Bars(bars) = &chart.kind else {
+            panic!("not bars")
+        };
+        // Every target with a median, the failed one too (it has a summary here).
+        assert_eq!(bars.bars.len(), r.targets.len());
+        assert_eq!(bars.bars[1].2, 2000.0);
+        let svg = render_svg(chart).unwrap();
+        assert!(svg.contains("btrfs-zstd") && svg.contains("2000"), "{svg}");
     }
 
     /// Renders the fixture into $TMPDIR/anvil-bench-chart-preview to look at.
