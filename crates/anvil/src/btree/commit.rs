@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 /// Longest single device write of node blocks.
 const WRITE_RUN_BYTES_MAX: usize = 4 << 20;
+/// Nodes a commit builds before it writes them out (8 MiB of blocks).
+const FRESH_NODES_MAX: usize = 512;
 /// A node rewritten by a commit with less payload than this is merged with a neighbour.
 /// Two merged nodes hold at most 4/3 of a node, so a merge that overflows splits into two
 /// nodes at least half full: merging never cascades into splits that merge again.
@@ -64,8 +66,10 @@ pub struct CommitContext<'a> {
     /// Addresses of the nodes to write (in `fresh`, encoded only by `write_out`, so that a
     /// commit holds each node once, decoded, however many it rewrites).
     pub writes: Vec<u64>,
-    /// Nodes this commit built, by address: they are not on the device until `write_out`,
-    /// and the bounded cache may already have dropped them.
+    /// Node blocks written so far.
+    pub nodes_written: u64,
+    /// Nodes this commit built and has not written yet, by address: the bounded cache may
+    /// already have dropped them.
     fresh: HashMap<u64, Arc<Node>>,
 }
 
@@ -77,6 +81,7 @@ impl<'a> CommitContext<'a> {
             tid,
             freed: Vec::new(),
             writes: Vec::new(),
+            nodes_written: 0,
             fresh: HashMap::new(),
         }
     }
@@ -99,6 +104,11 @@ impl CommitContext<'_> {
         let node = Arc::new(node);
         self.fresh.insert(address, node.clone());
         self.loader.cache.insert_node(address, node);
+        if self.writes.len() >= FRESH_NODES_MAX {
+            // A commit that rewrites thousands of leaves (new names in many directories)
+            // would otherwise hold them all; written, they are read back like any node.
+            self.write_out()?;
+        }
         Ok(Child {
             first,
             address,
@@ -117,7 +127,10 @@ impl CommitContext<'_> {
     }
 
     /// Writes all pending node blocks, merging adjacent ones into single device writes of
-    /// at most `WRITE_RUN_BYTES_MAX`.
+    /// at most `WRITE_RUN_BYTES_MAX`, and lets go of them: from here on they are read
+    /// through the cache or the device. Called when `FRESH_NODES_MAX` are pending and at
+    /// the end of the commit; a node written early and then discarded by the same commit
+    /// is freed with the rest (nothing refers to it).
     pub fn write_out(&mut self) -> Result<()> {
         let mut addresses = std::mem::take(&mut self.writes);
         addresses.sort_unstable();
@@ -134,9 +147,10 @@ impl CommitContext<'_> {
             }
             let node = self
                 .fresh
-                .get(&address)
+                .remove(&address)
                 .expect("every node to write was built by this commit");
             run.extend_from_slice(&node.encode(self.loader.volume_id, self.tid, address));
+            self.nodes_written += 1;
         }
         if !run.is_empty() {
             self.loader.device.write_at(&run, run_start)?;

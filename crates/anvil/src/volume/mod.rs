@@ -1943,8 +1943,8 @@ impl Volume {
         let previous = self.state.lock().superblock.clone();
         let mut ctx = CommitContext::new(self.loader(), &self.space, previous.committed_tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
-        step.nodes_written = ctx.writes.len() as u64;
         ctx.write_out()?;
+        step.nodes_written = ctx.nodes_written;
         let map = self.write_space_map(&previous, &mut ctx.freed, previous.committed_tid)?;
         self.device.flush()?;
         let sb = Superblock {
