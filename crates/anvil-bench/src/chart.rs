@@ -1027,15 +1027,7 @@ fn draw_bars<DB: DrawingBackend>(
         xr: (0.0, c.bars.len() as f64),
         yr: (0.0, yhi),
     };
-    for t in nice_ticks(0.0, yhi, 8) {
-        let y = frame.py(t);
-        line(root, vec![(frame.x0, y), (frame.x1, y)], GRID, 1)?;
-        Label::new(14.0).at(HPos::Right, VPos::Center).draw(
-            root,
-            &fmt_axis(t),
-            (frame.x0 - 6, y),
-        )?;
-    }
+    draw_y_grid(root, &frame)?;
     for (i, (label, ci, median, low, high)) in c.bars.iter().enumerate() {
         let (left, right) = (frame.px(i as f64 + 0.2), frame.px(i as f64 + 0.8));
         let middle = (left + right) / 2;
@@ -1064,11 +1056,34 @@ fn draw_bars<DB: DrawingBackend>(
             (middle, frame.y1 + 7),
         )?;
     }
+    draw_axes(root, &frame, &c.y_label)
+}
+
+/// Horizontal grid lines with their values at the frame's y ticks.
+fn draw_y_grid<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, frame: &Frame) -> DResult<DB> {
+    for t in nice_ticks(frame.yr.0, frame.yr.1, 8) {
+        let y = frame.py(t);
+        line(root, vec![(frame.x0, y), (frame.x1, y)], GRID, 1)?;
+        Label::new(14.0).at(HPos::Right, VPos::Center).draw(
+            root,
+            &fmt_axis(t),
+            (frame.x0 - 6, y),
+        )?;
+    }
+    Ok(())
+}
+
+/// The y label, and the frame's left and bottom axes.
+fn draw_axes<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    frame: &Frame,
+    y_label: &str,
+) -> DResult<DB> {
     Label::new(15.0)
         .colour(MUTED)
         .at(HPos::Center, VPos::Top)
         .vertical()
-        .draw(root, &c.y_label, (10, (frame.y0 + frame.y1) / 2))?;
+        .draw(root, y_label, (10, (frame.y0 + frame.y1) / 2))?;
     line(
         root,
         vec![
@@ -1324,15 +1339,7 @@ fn draw_series<DB: DrawingBackend>(
         yr: (ylo, yhi),
     };
 
-    for t in nice_ticks(ylo, yhi, 8) {
-        let y = frame.py(t);
-        line(root, vec![(frame.x0, y), (frame.x1, y)], GRID, 1)?;
-        Label::new(14.0).at(HPos::Right, VPos::Center).draw(
-            root,
-            &fmt_axis(t),
-            (frame.x0 - 6, y),
-        )?;
-    }
+    draw_y_grid(root, &frame)?;
     let xticks: Vec<(f64, String)> = if c.log_x {
         let step = ((xmax - xmin) / 10.0).ceil().max(1.0);
         let first = (xmin / step).ceil() as i64;
@@ -1366,21 +1373,7 @@ fn draw_series<DB: DrawingBackend>(
         .colour(MUTED)
         .at(HPos::Center, VPos::Bottom)
         .draw(root, &x_desc, ((frame.x0 + frame.x1) / 2, h as i32 - 8))?;
-    Label::new(15.0)
-        .colour(MUTED)
-        .at(HPos::Center, VPos::Top)
-        .vertical()
-        .draw(root, &c.y_label, (10, (frame.y0 + frame.y1) / 2))?;
-    line(
-        root,
-        vec![
-            (frame.x0, frame.y0),
-            (frame.x0, frame.y1),
-            (frame.x1, frame.y1),
-        ],
-        INK,
-        1,
-    )?;
+    draw_axes(root, &frame, &c.y_label)?;
 
     for (_, ci, points) in &c.lines {
         let col = colour(*ci);
