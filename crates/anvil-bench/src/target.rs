@@ -787,10 +787,7 @@ impl Target {
 /// an anvil-lib target (the transport's are ignored).
 fn lib_options(options: &mut MountOptions, extra: &str) -> Result<()> {
     for option in extra.split(',').filter(|o| !o.is_empty()) {
-        let size = |v: &str| match v {
-            "0" => Ok(0),
-            v => crate::cli::parse_size(v).map_err(BenchError),
-        };
+        let size = |v: &str| crate::cli::parse_size(v).map_err(BenchError);
         match option.split_once('=') {
             None if option == "nohistory" => options.nohistory = true,
             Some(("cache", v)) => options.cache_bytes = size(v)?,

@@ -269,6 +269,30 @@ impl AnvilVfs {
     }
 
     /// Splits a path into (parent inode, last name).
+    /// Creates `path` (or truncates it if it is a file) and returns its inode.
+    fn create_ino(&self, path: &str, mode: u32) -> io::Result<u64> {
+        let (parent, name) = self.parent_of(path)?;
+        match self.fs.lookup(parent, name.as_bytes()) {
+            Ok(attr) => {
+                if attr.kind == FileKind::Dir {
+                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                }
+                let truncate = SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                };
+                self.fs.setattr(attr.ino, &truncate).map_err(anvil_err)?;
+                Ok(attr.ino)
+            }
+            Err(err) if err.errno() == libc::ENOENT => Ok(self
+                .fs
+                .mknod(Caller::ROOT, parent, name.as_bytes(), mode & 0o7777, 0)
+                .map_err(anvil_err)?
+                .ino),
+            Err(err) => Err(anvil_err(err)),
+        }
+    }
+
     fn parent_of<'p>(&self, path: &'p str) -> io::Result<(u64, &'p str)> {
         let (dir, name) = match path.rfind('/') {
             Some(i) => (&path[..i], &path[i + 1..]),
@@ -345,37 +369,17 @@ impl Vfs for AnvilVfs {
     }
 
     fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>> {
-        let (parent, name) = self.parent_of(path)?;
-        let ino = match self.fs.lookup(parent, name.as_bytes()) {
-            Ok(attr) => {
-                if attr.kind == FileKind::Dir {
-                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
-                }
-                let truncate = SetAttr {
-                    size: Some(0),
-                    ..Default::default()
-                };
-                self.fs.setattr(attr.ino, &truncate).map_err(anvil_err)?;
-                attr.ino
-            }
-            Err(err) if err.errno() == libc::ENOENT => {
-                self.fs
-                    .mknod(Caller::ROOT, parent, name.as_bytes(), mode & 0o7777, 0)
-                    .map_err(anvil_err)?
-                    .ino
-            }
-            Err(err) => return Err(anvil_err(err)),
-        };
+        let ino = self.create_ino(path, mode)?;
         self.handle(ino)
     }
 
     fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>> {
-        let file = self.create(path, mode)?;
+        let ino = self.create_ino(path, mode)?;
         // A hint about a file that is gone (evicted) is no hint.
-        if let (Ok(ino), Ok(near)) = (self.ino_of(path), self.ino_of(near)) {
+        if let Ok(near) = self.ino_of(near) {
             self.fs.set_locality(ino, near);
         }
-        Ok(file)
+        self.handle(ino)
     }
 
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {

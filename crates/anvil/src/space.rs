@@ -228,19 +228,36 @@ impl Space {
 
     /// Allocates `bytes` (rounded up to whole blocks).
     pub fn allocate(&self, bytes: u64, purpose: Purpose) -> Result<u64> {
-        Ok(self.allocate_run(&[bytes], purpose)?[0])
+        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let mut inner = self.inner.lock();
+        let start = self.take_next_fit(&mut inner, bytes, purpose)?;
+        #[cfg(debug_assertions)]
+        inner.allocated.insert(start, bytes);
+        Ok(start)
     }
 
     /// Allocates one range for all of `sizes` (each rounded up to whole blocks) and hands
     /// it out as back-to-back pieces, each its own allocation (freed on its own later).
     /// NoSpace when no free range holds them all, even if each would fit somewhere.
     pub fn allocate_run(&self, sizes: &[u64], purpose: Purpose) -> Result<Vec<u64>> {
-        let sizes: Vec<u64> = sizes
-            .iter()
-            .map(|b| b.div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
-            .collect();
-        let bytes: u64 = sizes.iter().sum();
+        let round = |b: &u64| b.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let bytes: u64 = sizes.iter().map(round).sum();
         let mut inner = self.inner.lock();
+        let mut at = self.take_next_fit(&mut inner, bytes, purpose)?;
+        let mut offsets = Vec::with_capacity(sizes.len());
+        for size in sizes.iter().map(round) {
+            #[cfg(debug_assertions)]
+            inner.allocated.insert(at, size);
+            offsets.push(at);
+            at += size;
+        }
+        Ok(offsets)
+    }
+
+    /// Takes `bytes` (whole blocks) from the free map, next fit from the cursor: the range
+    /// the cursor is in if it has room, else the first range after it that fits, else the
+    /// first that fits anywhere.
+    fn take_next_fit(&self, inner: &mut Inner, bytes: u64, purpose: Purpose) -> Result<u64> {
         let floor = if purpose == Purpose::Data {
             self.reserve_bytes
         } else {
@@ -273,17 +290,9 @@ impl Space {
         let Some(start) = found else {
             return Err(Error::NoSpace);
         };
-        Self::take(&mut inner, start, bytes);
+        Self::take(inner, start, bytes);
         inner.cursor = start + bytes;
-        let mut offsets = Vec::with_capacity(sizes.len());
-        let mut at = start;
-        for size in sizes {
-            #[cfg(debug_assertions)]
-            inner.allocated.insert(at, size);
-            offsets.push(at);
-            at += size;
-        }
-        Ok(offsets)
+        Ok(start)
     }
 
     /// Marks a range in use (mount-time rebuild). Fails if any part is already in use.

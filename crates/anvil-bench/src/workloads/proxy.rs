@@ -1390,7 +1390,7 @@ mod tests {
         (n, bytes)
     }
 
-    fn ov(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pub(super) fn ov(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -1724,14 +1724,8 @@ mod tests {
 
 #[cfg(test)]
 mod config_tests {
+    use super::tests::ov;
     use super::*;
-
-    fn ov(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     fn params(pairs: &[(&str, &str)]) -> Result<Params> {
         let mut p = apply_overrides(Params::for_tier(Tier::Quick), &ov(pairs))?;
@@ -1760,16 +1754,5 @@ mod config_tests {
         let e = params(&[("config", "2g-64m")]).unwrap_err().to_string();
         assert!(e.contains("unknown config") && e.contains("8g-256m"), "{e}");
         assert!(params(&[("config", "4g-256m"), ("scale", "0")]).is_err());
-    }
-
-    #[test]
-    #[ignore = "prints the size of a configuration's trace; run by hand"]
-    fn print_trace_summary() {
-        let p = params(&[("config", "8g-256m"), ("scale", "0.25")]).unwrap();
-        let trace = synth_trace(&p, 1).unwrap();
-        println!(
-            "{:?}",
-            serde_json::to_string(&trace.summary(p.max_cached_object))
-        );
     }
 }
