@@ -28,6 +28,11 @@ pub enum Error {
     Posix(i32),
     /// The caller asked for something that cannot be done as stated.
     Invalid(String),
+    /// A mirror stream was refused (damaged, truncated, foreign, or not the one this
+    /// slave needs next); nothing of it was applied.
+    Stream(String),
+    /// The volume is a mirror slave: only `mirror-write` changes it until it is promoted.
+    Slave,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -49,7 +54,8 @@ impl Error {
             Error::ReadOnly | Error::Stopped(_) => libc::EROFS,
             Error::NoSpace => libc::ENOSPC,
             Error::Posix(errno) => *errno,
-            Error::Invalid(_) => libc::EINVAL,
+            Error::Invalid(_) | Error::Stream(_) => libc::EINVAL,
+            Error::Slave => libc::EROFS,
         }
     }
 }
@@ -79,6 +85,12 @@ impl fmt::Display for Error {
             Error::NoSpace => write!(f, "no space left on the volume; delete files or prune"),
             Error::Posix(errno) => write!(f, "{}", io::Error::from_raw_os_error(*errno)),
             Error::Invalid(why) => write!(f, "invalid request: {why}"),
+            Error::Stream(why) => write!(f, "mirror stream refused: {why}"),
+            Error::Slave => write!(
+                f,
+                "read-only: this volume is a mirror slave (only mirror-write changes it; \
+                 `anvil mirror-promote` makes it a master)"
+            ),
         }
     }
 }

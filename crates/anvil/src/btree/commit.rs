@@ -46,12 +46,15 @@ pub enum Mutation {
     /// Give an existing element a new payload with the same content (reblock moved its
     /// extent); its key and TIDs stay, the old extent is freed.
     Relocate(Key, Payload),
+    /// Put an element whether or not one with its key exists; an existing one's extent is
+    /// freed unless the new element keeps it (mirror-write: the stream sets TIDs itself).
+    Replace(Element),
 }
 
 impl Mutation {
     pub fn key(&self) -> Key {
         match self {
-            Mutation::Insert(e) => e.key,
+            Mutation::Insert(e) | Mutation::Replace(e) => e.key,
             Mutation::MarkDeleted(k) | Mutation::Remove(k) | Mutation::Relocate(k, _) => *k,
         }
     }
@@ -297,6 +300,18 @@ fn apply_leaf(
                 }
                 element.payload = payload.clone();
                 merged.push(element);
+            }
+            (Mutation::Replace(new), existing) => {
+                if let Some(Element {
+                    payload: Payload::Extent(old),
+                    ..
+                }) = existing
+                {
+                    if new.payload != Payload::Extent(old) {
+                        ctx.freed.push((old.offset, old.allocated_bytes()));
+                    }
+                }
+                merged.push(new.clone());
             }
             (Mutation::Remove(_), Some(element)) => {
                 if let Payload::Extent(extent) = element.payload {

@@ -91,6 +91,17 @@ impl Loader<'_> {
     }
 }
 
+impl Loader<'_> {
+    /// Reads a node from the device with the TID of the commit that wrote it (the cache
+    /// keeps nodes without it).
+    pub fn load_with_tid(&self, address: u64, level: u8) -> Result<(Arc<Node>, u64)> {
+        let mut buf = vec![0u8; NODE_BYTES];
+        self.device.read_at(&mut buf, address)?;
+        let (node, tid) = Node::decode(&buf, &self.volume_id, address, Some(level))?;
+        Ok((Arc::new(node), tid))
+    }
+}
+
 impl NodeSource for Loader<'_> {
     fn node(&self, address: u64, level: u8) -> Step<Arc<Node>> {
         Ok(self.load(address, level)?)
@@ -180,6 +191,86 @@ fn walk(
                 }
             }
             Ok(true)
+        }
+    }
+}
+
+/// What `changes_since` reports, in key order.
+pub enum Change<'a> {
+    /// A subtree no commit after the TID rewrote: its elements are the ones that were
+    /// there at the TID, and their keys lie in `lo..=hi`.
+    Unchanged { lo: Key, hi: Key },
+    /// An element of a node some commit after the TID rewrote.
+    Element(&'a Element),
+}
+
+/// Walks the tree under `root`, reporting subtrees unchanged since `since` as ranges and
+/// the elements of every other leaf one by one. Every node carries the TID of the commit
+/// that wrote it, and copy-on-write rewrites all ancestors of a change, so a node written
+/// at or before `since` heads a subtree that is exactly as it was then (what a mirror
+/// slave at `since` holds), and only the rewritten nodes and their children are read.
+pub fn changes_since(
+    loader: &Loader<'_>,
+    root: Root,
+    since: u64,
+    visit: &mut dyn FnMut(Change<'_>) -> Result<()>,
+) -> Result<()> {
+    if root.address == 0 {
+        return Ok(());
+    }
+    let (node, tid) = loader.load_with_tid(root.address, root.level)?;
+    changed_node(loader, &node, tid, since, visit)
+}
+
+fn changed_node(
+    loader: &Loader<'_>,
+    node: &Node,
+    tid: u64,
+    since: u64,
+    visit: &mut dyn FnMut(Change<'_>) -> Result<()>,
+) -> Result<()> {
+    if tid <= since {
+        // The bounds are the keys of the subtree's own first and last elements, not the
+        // range its parent gives it: a neighbour removed later can widen that range over
+        // keys this subtree never held.
+        let lo = edge_key(loader, node, false)?;
+        let hi = edge_key(loader, node, true)?;
+        if let (Some(lo), Some(hi)) = (lo, hi) {
+            visit(Change::Unchanged { lo, hi })?;
+        }
+        return Ok(());
+    }
+    match node {
+        Node::Leaf(elements) => elements.iter().try_for_each(|e| visit(Change::Element(e))),
+        Node::Internal { level, children } => {
+            for (_, child) in children {
+                let (child_node, child_tid) = loader.load_with_tid(*child, level - 1)?;
+                changed_node(loader, &child_node, child_tid, since, visit)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The first (or last) element key of the subtree under `node`.
+fn edge_key(loader: &Loader<'_>, node: &Node, last: bool) -> Result<Option<Key>> {
+    match node {
+        Node::Leaf(elements) => Ok(if last {
+            elements.last()
+        } else {
+            elements.first()
+        }
+        .map(|e| e.key)),
+        Node::Internal { level, children } => {
+            let child = if last {
+                children.last()
+            } else {
+                children.first()
+            };
+            match child {
+                Some((_, address)) => edge_key(loader, &*loader.load(*address, level - 1)?, last),
+                None => Ok(None),
+            }
         }
     }
 }

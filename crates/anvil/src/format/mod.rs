@@ -7,6 +7,7 @@ pub mod log;
 pub mod node;
 pub mod record;
 pub mod spacemap;
+pub mod stream;
 pub mod superblock;
 
 use crate::checksum::checksum;

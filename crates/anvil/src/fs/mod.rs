@@ -7,6 +7,7 @@
 mod asof;
 mod chunk;
 mod history;
+mod mirror;
 mod prefetch;
 mod prune;
 mod reblock;
@@ -17,6 +18,7 @@ pub use reblock::{ReblockOptions, ReblockReport};
 
 pub use history::{parse_tid, parse_time, SNAPSHOT_LABEL_BYTES_MAX};
 
+pub use crate::volume::{MirrorReport, MirrorState};
 pub use asof::AsOf;
 pub use types::*;
 
@@ -507,8 +509,12 @@ impl Filesystem {
             open_handles: Mutex::new(HashMap::new()),
             prune_lock: Mutex::new(()),
         };
+        // A slave's orphans are its master's: they go when the master reaps them.
+        let slave = fs.volume.load_mirror_state()?.is_some();
         if !fs.volume.is_read_only() {
-            fs.reap_orphans()?;
+            if !slave {
+                fs.reap_orphans()?;
+            }
             if options.commit_interval_ms > 0 {
                 let handle = fs
                     .volume

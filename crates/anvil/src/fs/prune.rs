@@ -188,7 +188,7 @@ impl Filesystem {
                 None => self.retention_policy()?,
             }
         };
-        self.sync()?;
+        let pruned_at = self.sync()?;
         let kept = self.kept_points(policy)?;
         let mut report = PruneReport {
             kept_points: kept.len() as u64,
@@ -242,6 +242,19 @@ impl Filesystem {
             self.volume.schedule_removals(now.iter().copied())?;
             self.sync()?;
             rest = later;
+        }
+        // Mirror streams over this range say that its history is incomplete. A slave
+        // records nothing: its own pruning is its own.
+        if report.elements_removed > 0 && !self.volume.is_slave() {
+            let lk = LogicalKey {
+                obj: VOLUME_OBJ,
+                rtype: rtype::CONFIG,
+                key: crate::volume::PRUNED_KEY,
+            };
+            let value = Arc::new(pruned_at.to_le_bytes().to_vec());
+            self.volume
+                .run(true, |tx| tx.put(lk, Some(value.clone())))?;
+            self.sync()?;
         }
         Ok(report)
     }
@@ -315,7 +328,7 @@ impl Filesystem {
     }
 
     pub fn set_config_text(&self, key: u64, text: &str) -> Result<()> {
-        if matches!(key, POLICY_KEY | 2) {
+        if matches!(key, POLICY_KEY | 2 | 4 | 5) {
             return Err(Error::Invalid(format!(
                 "configuration key {key} is reserved"
             )));

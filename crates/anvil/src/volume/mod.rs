@@ -12,11 +12,13 @@
 //! ordinary operation takes it).
 
 mod extent;
+mod mirror;
 mod overlay;
 mod shadow;
 mod tx;
 
 pub use extent::{decode_extent, encode_extent};
+pub use mirror::{MirrorReport, MirrorState, PRUNED_KEY};
 pub use overlay::{Dirty, Overlay, Pending, Value};
 pub use tx::Tx;
 
@@ -313,6 +315,9 @@ pub struct Volume {
     /// Locality hints for the next commit: an object's data goes right after the data of
     /// the object named here (`set_locality`).
     locality: Mutex<HashMap<u64, u64>>,
+    /// A mirror slave takes changes only from `mirror_write` (and prune's removals, which
+    /// commit without a TID of their own).
+    slave: AtomicBool,
 }
 
 /// Locality hints kept at most; past this, older ones are dropped (a hint only steers
@@ -581,6 +586,7 @@ impl Volume {
             log_flushed: AtomicU64::new(0),
             shadow,
             locality: Mutex::new(HashMap::new()),
+            slave: AtomicBool::new(false),
         });
         if let (Some(shadow), false) = (&volume.shadow, volume.is_read_only()) {
             let size = volume.log.lock().size;
@@ -872,6 +878,9 @@ impl Volume {
     pub fn run<T>(&self, write: bool, mut op: impl FnMut(&mut Tx<'_>) -> Step<T>) -> Result<T> {
         if write && self.is_read_only() {
             return Err(self.read_only_error());
+        }
+        if write && self.is_slave() {
+            return Err(Error::Slave);
         }
         if write {
             self.metadata_floor()?;
@@ -1341,7 +1350,13 @@ impl Volume {
         old_root: &RootRef,
         previous: Superblock,
     ) -> Result<CommitOutcome> {
-        let tid = frozen.tid;
+        // A slave's elements carry its master's TIDs: its own commits (prune's removals)
+        // take none, so the next stream's TIDs stay free.
+        let slave = self.is_slave();
+        let tid = match slave {
+            true => previous.committed_tid,
+            false => frozen.tid,
+        };
         let mut mutations: Vec<Mutation> = Vec::with_capacity(frozen.map.len() * 2 + 1);
         let mut data: Vec<(usize, Stored)> = Vec::new();
         for (lk, pending) in &frozen.map {
@@ -1383,17 +1398,22 @@ impl Volume {
         for key in &frozen.prune {
             mutations.push(Mutation::Remove(*key));
         }
-        let commit_time = now_ns();
-        mutations.push(Mutation::Insert(Element {
-            key: Key {
-                obj: VOLUME_OBJ,
-                rtype: rtype::COMMIT,
-                key: tid,
-                create_tid: tid,
-            },
-            delete_tid: 0,
-            payload: Payload::Inline(commit_time.to_le_bytes().to_vec()),
-        }));
+        let commit_time = match slave {
+            true => previous.commit_time_ns,
+            false => now_ns(),
+        };
+        if !slave {
+            mutations.push(Mutation::Insert(Element {
+                key: Key {
+                    obj: VOLUME_OBJ,
+                    rtype: rtype::COMMIT,
+                    key: tid,
+                    create_tid: tid,
+                },
+                delete_tid: 0,
+                payload: Payload::Inline(commit_time.to_le_bytes().to_vec()),
+            }));
+        }
         self.write_extents(&mut mutations, data)?;
         mutations.sort_by_key(Mutation::key);
 
@@ -1407,7 +1427,7 @@ impl Volume {
             root_address: new_root.address,
             root_level: new_root.level,
             committed_tid: tid,
-            next_tid: tid + 1,
+            next_tid: previous.next_tid.max(tid + 1),
             commit_time_ns: commit_time,
             used_bytes: map.used_bytes,
             space_map_address: map.address,
