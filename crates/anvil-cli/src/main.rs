@@ -2,6 +2,7 @@
 
 mod helper;
 mod history;
+mod mirror;
 mod mount;
 mod replay;
 
@@ -234,6 +235,58 @@ enum Command {
         #[arg(long)]
         at: Option<String>,
     },
+    /// Write the changes committed after --since (up to --until) as a mirror stream to
+    /// stdout: every tree change with its TIDs, history included, and the data it needs.
+    MirrorRead {
+        /// Mount point, or an unmounted image or block device.
+        target: PathBuf,
+        /// Changes after this TID or snapshot label (0: the whole volume).
+        #[arg(long, default_value = "0")]
+        since: String,
+        /// Up to this TID or label (default: the newest commit, after committing).
+        #[arg(long)]
+        until: Option<String>,
+    },
+    /// Apply a mirror stream from stdin to a slave (or to a new, empty volume, which becomes
+    /// one). All or nothing: a refused stream leaves the slave as it was.
+    MirrorWrite {
+        /// Mount point, or an unmounted image or block device.
+        target: PathBuf,
+    },
+    /// Bring DST up to date with SRC (mount points, images, or host:path through ssh):
+    /// from what DST holds, or everything for a new slave.
+    MirrorCopy {
+        src: String,
+        dst: String,
+        /// How to reach host:path endpoints.
+        #[arg(long, default_value = "ssh")]
+        via: String,
+    },
+    /// Keep DST following SRC: mirror-copy every --interval-ms, resuming from what DST
+    /// holds after a broken connection.
+    MirrorStream {
+        src: String,
+        dst: String,
+        #[arg(long, default_value = "ssh")]
+        via: String,
+        #[arg(long, default_value_t = 500)]
+        interval_ms: u64,
+        /// Stop after this many rounds (default: run until killed).
+        #[arg(long)]
+        rounds: Option<u64>,
+    },
+    /// Show a volume's mirror role: master, or slave of which volume, up to which TID.
+    MirrorStatus {
+        /// Mount point, image, or host:path.
+        target: String,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "ssh")]
+        via: String,
+    },
+    /// Turn a slave into a master (disaster recovery): it takes changes again, from the
+    /// TID after the last one it holds.
+    MirrorPromote { target: PathBuf },
     /// Benchmarks: blogbench, nightly build, proxy cache, iozone, backup and metadata
     /// workloads on anvil and other file systems side by side (see `anvil bench run --help`).
     Bench(anvil_bench::cli::BenchArgs),
@@ -347,6 +400,28 @@ fn run(cli: Cli) -> Result<u8, String> {
         Command::Policy { dir, policy } => history::policy(&dir, policy.as_deref()),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),
         Command::Ls { image, path, at } => ls(&image, &path, at.as_deref()),
+        Command::MirrorRead {
+            target,
+            since,
+            until,
+        } => mirror::read(&target, &since, until.as_deref()),
+        Command::MirrorWrite { target } => mirror::write(&target),
+        Command::MirrorCopy { src, dst, via } => mirror::copy(&src, &dst, &via),
+        Command::MirrorStream {
+            src,
+            dst,
+            via,
+            interval_ms,
+            rounds,
+        } => mirror::stream(
+            &src,
+            &dst,
+            &via,
+            std::time::Duration::from_millis(interval_ms),
+            rounds,
+        ),
+        Command::MirrorStatus { target, json, via } => mirror::status(&target, json, &via),
+        Command::MirrorPromote { target } => mirror::promote(&target),
         Command::Bench(args) => anvil_bench::cli::run(args)
             .map(|()| 0)
             .map_err(|e| format!("bench: {e}")),

@@ -273,7 +273,7 @@ pub fn try_lock_shared(file: &File) -> bool {
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) == 0 }
 }
 
-fn try_lock_exclusive(file: &File) -> bool {
+pub fn try_lock_exclusive(file: &File) -> bool {
     // SAFETY: flock on a valid descriptor owned by `file`.
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }

@@ -3,7 +3,8 @@
 //! can be read, written, or both; the adapter then matches on the enum, never on strings.
 
 use crate::{
-    CLEANUP_XATTR, COMPRESSION_XATTR, DROPCACHE_XATTR, HISTORY_XATTR, INFO_XATTR, NOHISTORY_XATTR,
+    CLEANUP_XATTR, COMPRESSION_XATTR, DROPCACHE_XATTR, HISTORY_XATTR, INFO_XATTR,
+    MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR, NOHISTORY_XATTR,
     POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, REQUESTS_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR,
     SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
 };
@@ -25,10 +26,14 @@ pub enum Control {
     Compression,
     History,
     Requests,
+    Mirror,
+    MirrorRead,
+    MirrorWrite,
+    MirrorPromote,
 }
 
 impl Control {
-    pub const ALL: [Control; 15] = [
+    pub const ALL: [Control; 19] = [
         Control::Info,
         Control::Sync,
         Control::DropCache,
@@ -44,6 +49,10 @@ impl Control {
         Control::Compression,
         Control::History,
         Control::Requests,
+        Control::Mirror,
+        Control::MirrorRead,
+        Control::MirrorWrite,
+        Control::MirrorPromote,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,6 +72,10 @@ impl Control {
             Control::Compression => COMPRESSION_XATTR,
             Control::History => HISTORY_XATTR,
             Control::Requests => REQUESTS_XATTR,
+            Control::Mirror => MIRROR_XATTR,
+            Control::MirrorRead => MIRROR_READ_XATTR,
+            Control::MirrorWrite => MIRROR_WRITE_XATTR,
+            Control::MirrorPromote => MIRROR_PROMOTE_XATTR,
         }
     }
 
@@ -91,14 +104,24 @@ impl Control {
     pub fn readable(self) -> bool {
         !matches!(
             self,
-            Control::Sync | Control::DropCache | Control::Snapshot | Control::SnapRm
+            Control::Sync
+                | Control::DropCache
+                | Control::Snapshot
+                | Control::SnapRm
+                | Control::MirrorRead
+                | Control::MirrorWrite
+                | Control::MirrorPromote
         )
     }
 
     pub fn writable(self) -> bool {
         !matches!(
             self,
-            Control::Info | Control::Snapshots | Control::Space | Control::History
+            Control::Info
+                | Control::Snapshots
+                | Control::Space
+                | Control::History
+                | Control::Mirror
         )
     }
 }

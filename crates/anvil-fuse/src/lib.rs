@@ -17,6 +17,7 @@ pub mod classic;
 pub mod control;
 mod counters;
 pub mod memfs;
+pub mod mirror;
 pub mod uring;
 mod views;
 
@@ -75,6 +76,17 @@ pub const HISTORY_XATTR: &str = "trusted.anvil.history";
 /// Reading this attribute on the root gives the requests received per opcode and the
 /// transport (JSON); writing anything to it sets the counts back to zero.
 pub const REQUESTS_XATTR: &str = "trusted.anvil.requests";
+/// Reading this attribute on the root reports the volume's mirror role (master, or slave
+/// of which volume up to which TID) and the last mirror job (JSON).
+pub const MIRROR_XATTR: &str = "trusted.anvil.mirror";
+/// Writing "SINCE UNTIL FIFO" (UNTIL "-" for the newest commit) to this attribute on the
+/// root starts writing a mirror stream into the FIFO (`mirror.rs`).
+pub const MIRROR_READ_XATTR: &str = "trusted.anvil.mirror-read";
+/// Writing "FIFO" to this attribute on the root starts applying the mirror stream that
+/// comes through the FIFO.
+pub const MIRROR_WRITE_XATTR: &str = "trusted.anvil.mirror-write";
+/// Writing anything to this attribute on the root promotes a slave to a master.
+pub const MIRROR_PROMOTE_XATTR: &str = "trusted.anvil.mirror-promote";
 /// Versions listed through HISTORY_XATTR at most (an xattr value is at most 64 KiB).
 const HISTORY_VERSIONS_MAX: usize = 600;
 
@@ -191,13 +203,15 @@ pub struct AnvilFuse {
     /// Kernel lookup counts. The kernel keeps a reference for every open file, so an object
     /// unlinked while known to the kernel lives (as an orphan) until its count drops to 0.
     /// This replaces OPEN/RELEASE tracking, which the kernel skips (FUSE_NO_OPEN_SUPPORT).
-    lookups: Mutex<HashMap<u64, u64>>,
+    lookups: Arc<Mutex<HashMap<u64, u64>>>,
     views: Views,
     last_prune: Mutex<Option<anvil::fs::PruneReport>>,
     /// Last reblock run and its progress (done, total bytes).
     last_reblock: Mutex<Option<(anvil::fs::ReblockReport, u64, u64)>>,
     /// Set once the session exists; used to invalidate kernel caches of changed views.
-    notifier: std::sync::OnceLock<Notifier>,
+    notifier: Arc<std::sync::OnceLock<Notifier>>,
+    /// The last mirror job (`mirror.rs`).
+    mirror_jobs: Arc<mirror::MirrorJobs>,
     /// Requests received, per opcode.
     pub counters: Counters,
 }
@@ -210,11 +224,12 @@ impl AnvilFuse {
             fs,
             ttl,
             writeback,
-            lookups: Mutex::new(HashMap::new()),
+            lookups: Arc::new(Mutex::new(HashMap::new())),
             views: Views::default(),
             last_prune: Mutex::new(None),
             last_reblock: Mutex::new(None),
-            notifier: std::sync::OnceLock::new(),
+            notifier: Arc::new(std::sync::OnceLock::new()),
+            mirror_jobs: Arc::default(),
             counters: Counters::default(),
         }
     }
@@ -341,10 +356,19 @@ impl AnvilFuse {
                 self.counters.reset();
                 Ok(())
             }
-            // Filtered out above: reports only.
-            Control::Info | Control::Snapshots | Control::Space | Control::History => {
-                return Err(libc::EPERM)
+            Control::MirrorRead | Control::MirrorWrite => {
+                let read = control == Control::MirrorRead;
+                let job = mirror::MirrorJob::parse(read, text.trim_end_matches('\n'))
+                    .ok_or(libc::EINVAL)?;
+                return self.start_mirror_job(job);
             }
+            Control::MirrorPromote => self.fs.mirror_promote().map(|_| ()),
+            // Filtered out above: reports only.
+            Control::Info
+            | Control::Snapshots
+            | Control::Space
+            | Control::History
+            | Control::Mirror => return Err(libc::EPERM),
         };
         result.map_err(|e| errno(&e))
     }
@@ -415,10 +439,15 @@ impl AnvilFuse {
             }
             Control::History => history_json(&self.fs.history(ino).map_err(|e| errno(&e))?),
             Control::Requests => self.counters.to_json(),
+            Control::Mirror => self.mirror_json()?,
             // Filtered out above: actions only.
-            Control::Sync | Control::DropCache | Control::Snapshot | Control::SnapRm => {
-                return Ok(None)
-            }
+            Control::Sync
+            | Control::DropCache
+            | Control::Snapshot
+            | Control::SnapRm
+            | Control::MirrorRead
+            | Control::MirrorWrite
+            | Control::MirrorPromote => return Ok(None),
         };
         Ok(Some(text.into_bytes()))
     }
@@ -435,7 +464,12 @@ impl Backend for AnvilFuse {
     }
 
     fn ttl(&self) -> Duration {
-        self.ttl
+        // A slave's tree changes under the kernel with each mirrored stream: names must
+        // not stay cached for long (attributes and pages are invalidated explicitly).
+        match self.fs.volume().is_slave() {
+            true => self.ttl.min(Duration::from_secs(1)),
+            false => self.ttl,
+        }
     }
 
     fn writeback(&self) -> bool {
