@@ -287,6 +287,15 @@ enum Command {
     /// Turn a slave into a master (disaster recovery): it takes changes again, from the
     /// TID after the last one it holds.
     MirrorPromote { target: PathBuf },
+    /// Make an old master (OLD: mount point or image) the slave of the slave that was
+    /// promoted in its place (NEW), from the TID NEW was promoted at. Changes OLD took after
+    /// that TID are undone; refused if files without history changed since.
+    MirrorAttach {
+        old: PathBuf,
+        new: String,
+        #[arg(long, default_value = "ssh")]
+        via: String,
+    },
     /// Benchmarks: blogbench, nightly build, proxy cache, iozone, backup and metadata
     /// workloads on anvil and other file systems side by side (see `anvil bench run --help`).
     Bench(anvil_bench::cli::BenchArgs),
@@ -422,6 +431,7 @@ fn run(cli: Cli) -> Result<u8, String> {
         ),
         Command::MirrorStatus { target, json, via } => mirror::status(&target, json, &via),
         Command::MirrorPromote { target } => mirror::promote(&target),
+        Command::MirrorAttach { old, new, via } => mirror::attach(&old, &new, &via),
         Command::Bench(args) => anvil_bench::cli::run(args)
             .map(|()| 0)
             .map_err(|e| format!("bench: {e}")),

@@ -12,7 +12,9 @@ use anvil::device::FileDevice;
 use anvil::fs::MirrorReport;
 use anvil::{Filesystem, MountOptions};
 use anvil_fuse::mirror::status_json;
-use anvil_fuse::{MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR};
+use anvil_fuse::{
+    MIRROR_ATTACH_XATTR, MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR,
+};
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -354,6 +356,45 @@ pub fn promote(target: &Path) -> Result<u8, String> {
         "{} is a master now; it continues after TID {}",
         target.display(),
         status["committed_tid"]
+    );
+    Ok(0)
+}
+
+/// `anvil mirror-attach OLD NEW`: the old master `OLD` (local) becomes a slave of `NEW`,
+/// the slave that was promoted in its place, from the TID NEW was promoted at; changes OLD
+/// took after that TID are undone.
+pub fn attach(old: &Path, new: &str, via: &str) -> Result<u8, String> {
+    let new_endpoint = Endpoint::parse(new);
+    let new_status = status_of(&new_endpoint, via)?;
+    let old_status = local_status(old)?;
+    let Some(from) = new_status["promoted_from"].as_str() else {
+        return Err(format!("{new} was never promoted from a slave"));
+    };
+    if old_status["volume_id"].as_str() != Some(from) {
+        return Err(format!(
+            "{new} was promoted from a slave of volume {from}, and {} is volume {}",
+            old.display(),
+            old_status["volume_id"].as_str().unwrap_or("?")
+        ));
+    }
+    let master = new_status["volume_id"].as_str().unwrap_or("");
+    let at = new_status["promoted_at"].as_u64().unwrap_or(0);
+    let at_ns = new_status["promoted_at_commit_ns"].as_u64().unwrap_or(0);
+    let value = format!("{master} {at} {at_ns}");
+    if old.is_dir() {
+        set_xattr(old, MIRROR_ATTACH_XATTR, value.as_bytes())?;
+    } else {
+        let (id, at, at_ns) =
+            anvil_fuse::mirror::parse_attach(&value).ok_or("a bad volume id from mirror-status")?;
+        let fs = open_image(old, true)?;
+        fs.mirror_attach(id, at, at_ns)
+            .map_err(|e| format!("{}: {e}", old.display()))?;
+        fs.close().map_err(|e| e.to_string())?;
+    }
+    println!(
+        "{} is a slave of {new} from TID {at}; bring it up to date with `anvil mirror-copy {new} {}`",
+        old.display(),
+        old.display()
     );
     Ok(0)
 }

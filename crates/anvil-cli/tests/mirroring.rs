@@ -132,6 +132,23 @@ fn mirror_copy_between_mounts_keeps_every_tid() {
     };
     assert!(after > newest);
     assert_eq!(status(&s)["slave"], false);
+    assert_eq!(status(&s)["promoted_at"].as_u64(), Some(newest));
+
+    // The old master follows the new one from there: its own later change is undone.
+    std::fs::write(master.path().join("data/alone"), b"undone").unwrap();
+    ok(&["synctid", &m]);
+    ok(&["mirror-attach", &m, &s]);
+    assert_eq!(status(&m)["slave"], true);
+    ok(&["mirror-copy", &s, &m]);
+    assert!(!master.path().join("data/alone").exists());
+    assert_eq!(
+        std::fs::read(master.path().join("data/mine")).unwrap(),
+        b"x"
+    );
+    assert_eq!(
+        tar_sum(master.path(), "data", None),
+        tar_sum(slave.path(), "data", None)
+    );
     master.unmount();
     slave.unmount();
 }

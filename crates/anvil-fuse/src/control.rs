@@ -4,9 +4,9 @@
 
 use crate::{
     CLEANUP_XATTR, COMPRESSION_XATTR, DROPCACHE_XATTR, HISTORY_XATTR, INFO_XATTR,
-    MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR, NOHISTORY_XATTR,
-    POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, REQUESTS_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR,
-    SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
+    MIRROR_ATTACH_XATTR, MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR,
+    NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, REQUESTS_XATTR, SNAPRM_XATTR,
+    SNAPSHOTS_XATTR, SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,10 +30,11 @@ pub enum Control {
     MirrorRead,
     MirrorWrite,
     MirrorPromote,
+    MirrorAttach,
 }
 
 impl Control {
-    pub const ALL: [Control; 19] = [
+    pub const ALL: [Control; 20] = [
         Control::Info,
         Control::Sync,
         Control::DropCache,
@@ -53,6 +54,7 @@ impl Control {
         Control::MirrorRead,
         Control::MirrorWrite,
         Control::MirrorPromote,
+        Control::MirrorAttach,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,6 +78,7 @@ impl Control {
             Control::MirrorRead => MIRROR_READ_XATTR,
             Control::MirrorWrite => MIRROR_WRITE_XATTR,
             Control::MirrorPromote => MIRROR_PROMOTE_XATTR,
+            Control::MirrorAttach => MIRROR_ATTACH_XATTR,
         }
     }
 
@@ -111,6 +114,7 @@ impl Control {
                 | Control::MirrorRead
                 | Control::MirrorWrite
                 | Control::MirrorPromote
+                | Control::MirrorAttach
         )
     }
 

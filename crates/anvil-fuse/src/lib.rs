@@ -87,6 +87,9 @@ pub const MIRROR_READ_XATTR: &str = "trusted.anvil.mirror-read";
 pub const MIRROR_WRITE_XATTR: &str = "trusted.anvil.mirror-write";
 /// Writing anything to this attribute on the root promotes a slave to a master.
 pub const MIRROR_PROMOTE_XATTR: &str = "trusted.anvil.mirror-promote";
+/// Writing "MASTER_ID TID COMMIT_NS" to this attribute on the root makes a master the slave
+/// of the volume that was promoted in its place, from their common TID.
+pub const MIRROR_ATTACH_XATTR: &str = "trusted.anvil.mirror-attach";
 /// Versions listed through HISTORY_XATTR at most (an xattr value is at most 64 KiB).
 const HISTORY_VERSIONS_MAX: usize = 600;
 
@@ -363,6 +366,7 @@ impl AnvilFuse {
                 return self.start_mirror_job(job);
             }
             Control::MirrorPromote => self.fs.mirror_promote().map(|_| ()),
+            Control::MirrorAttach => return self.mirror_attach(&text),
             // Filtered out above: reports only.
             Control::Info
             | Control::Snapshots
@@ -447,7 +451,8 @@ impl AnvilFuse {
             | Control::SnapRm
             | Control::MirrorRead
             | Control::MirrorWrite
-            | Control::MirrorPromote => return Ok(None),
+            | Control::MirrorPromote
+            | Control::MirrorAttach => return Ok(None),
         };
         Ok(Some(text.into_bytes()))
     }

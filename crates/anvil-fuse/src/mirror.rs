@@ -162,17 +162,63 @@ impl Worker {
         }
     }
 
-    /// After a mirrored commit changed the tree under the kernel: drop what the kernel
-    /// caches of every object it knows (entries expire within the slave's short TTL).
     fn forget_cached_tree(&self) {
-        let Some(notifier) = self.notifier.get() else {
-            return;
-        };
+        forget_cached_tree(&self.lookups, &self.notifier);
+    }
+}
+
+impl AnvilFuse {
+    /// `trusted.anvil.mirror-attach`: this master becomes the slave of the volume
+    /// promoted in its place. Undoing its changes since `at` can give a name the kernel
+    /// caches another object (both volumes handed out the same new object ids), so every
+    /// name the kernel may hold in a directory it knows is dropped too, on a thread of its
+    /// own: the kernel takes a directory's lock to drop a name, and this request holds the
+    /// root's.
+    pub(crate) fn mirror_attach(&self, text: &str) -> Result<(), i32> {
+        let (master, at, at_ns) = parse_attach(text).ok_or(libc::EINVAL)?;
         let known: Vec<u64> = self.lookups.lock().keys().copied().collect();
-        notifier.inval_inode(1);
-        for ino in known {
-            notifier.inval_inode(ino);
+        let mut names: Vec<(u64, String)> = Vec::new();
+        for dir in known.iter().copied().chain([1]) {
+            let mut cookie = 0;
+            while let Ok(entries) = self.fs.readdir(dir, cookie, 1024) {
+                let Some(last) = entries.last() else { break };
+                cookie = last.cookie;
+                names.extend(
+                    entries
+                        .iter()
+                        .filter(|e| e.name != b"." && e.name != b"..")
+                        .filter_map(|e| Some((dir, String::from_utf8(e.name.clone()).ok()?))),
+                );
+            }
         }
+        self.fs
+            .mirror_attach(master, at, at_ns)
+            .map_err(|e| e.errno())?;
+        let (lookups, notifier) = (self.lookups.clone(), self.notifier.clone());
+        let _ = std::thread::Builder::new()
+            .name("anvil-attach".into())
+            .spawn(move || {
+                forget_cached_tree(&lookups, &notifier);
+                if let Some(notifier) = notifier.get() {
+                    for (dir, name) in names {
+                        notifier.inval_entry(dir, &name);
+                    }
+                }
+            });
+        Ok(())
+    }
+}
+
+/// After a mirrored commit changed the tree under the kernel: drop what the kernel caches
+/// of every object it knows (entries expire within the slave's short TTL).
+fn forget_cached_tree(lookups: &Mutex<HashMap<u64, u64>>, notifier: &OnceLock<Notifier>) {
+    let Some(notifier) = notifier.get() else {
+        return;
+    };
+    let known: Vec<u64> = lookups.lock().keys().copied().collect();
+    notifier.inval_inode(1);
+    for ino in known {
+        notifier.inval_inode(ino);
     }
 }
 
@@ -193,6 +239,11 @@ pub fn status_json(fs: &Filesystem) -> anvil::Result<serde_json::Value> {
         json["last_commit_ns"] = state.last_commit_ns.into();
         json["applied_ns"] = state.applied_ns.into();
     }
+    if let Some(promoted) = fs.promoted_from()? {
+        json["promoted_from"] = hex(&promoted.master).into();
+        json["promoted_at"] = promoted.last_tid.into();
+        json["promoted_at_commit_ns"] = promoted.last_commit_ns.into();
+    }
     Ok(json)
 }
 
@@ -209,6 +260,23 @@ pub fn report_json(r: &MirrorReport) -> serde_json::Value {
         "pruned_through": r.pruned_through,
         "already_held": r.already_held,
     })
+}
+
+/// Parses the value written to `trusted.anvil.mirror-attach`: "MASTER_ID TID COMMIT_NS"
+/// (the id in hex, as `status_json` prints it).
+pub fn parse_attach(text: &str) -> Option<([u8; 16], u64, u64)> {
+    let mut parts = text.split_whitespace();
+    let id = parts.next()?;
+    let tid = parts.next()?.parse().ok()?;
+    let commit_ns = parts.next()?.parse().ok()?;
+    if id.len() != 32 || parts.next().is_some() {
+        return None;
+    }
+    let mut master = [0u8; 16];
+    for (i, byte) in master.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(id.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some((master, tid, commit_ns))
 }
 
 fn hex(id: &[u8]) -> String {
@@ -239,6 +307,11 @@ mod tests {
             })
         );
         assert_eq!(MirrorJob::parse(true, "12"), None);
+        let id = "00112233445566778899aabbccddeeff";
+        let (master, tid, ns) = super::parse_attach(&format!("{id} 42 7")).unwrap();
+        assert_eq!((master[1], master[15], tid, ns), (0x11, 0xff, 42, 7));
+        assert_eq!(super::parse_attach("0011 42 7"), None);
+        assert_eq!(super::parse_attach(&format!("{id} x 7")), None);
         assert_eq!(MirrorJob::parse(false, ""), None);
         assert_eq!(
             MirrorJob::parse(false, "/f"),

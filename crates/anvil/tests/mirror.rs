@@ -413,3 +413,63 @@ fn a_stream_can_end_before_the_newest_commit() {
     assert_same(&master, &slave, held, held);
     clean(&slave);
 }
+
+#[test]
+fn an_old_master_follows_its_promoted_slave_from_the_common_tid() {
+    let (_, master, mut rng) = populated_master(7);
+    let (_, slave) = volume("slave");
+    for _ in 0..3 {
+        random_round(&master, &mut rng);
+    }
+    mirror(&master, &slave, 0);
+    let common = last_tid(&slave);
+    // The master goes on alone for a while (its later changes will be lost), and the
+    // slave is promoted and takes changes of its own.
+    master
+        .write_file("/h/alone", b"lost when attached")
+        .unwrap();
+    master.remove_path("/h/f3").ok();
+    master.sync().unwrap();
+    slave.mirror_promote().unwrap();
+    let promoted = slave.promoted_from().unwrap().unwrap();
+    assert_eq!(promoted.last_tid, common);
+    for _ in 0..3 {
+        random_round(&slave, &mut rng);
+    }
+    // The old master becomes the new master's slave from the common TID on.
+    let new_id = slave.mirror_state().unwrap();
+    assert!(new_id.is_none());
+    let mut stream = Vec::new();
+    slave.mirror_read(common, None, &mut stream).unwrap();
+    let err = master.mirror_write(&mut stream.as_slice()).unwrap_err();
+    assert!(err.to_string().contains("not a slave"), "{err}");
+    let new_master_id = {
+        let info = slave.info();
+        let mut id = [0u8; 16];
+        for (i, byte) in id.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&info.volume_id[2 * i..2 * i + 2], 16).unwrap();
+        }
+        id
+    };
+    master
+        .mirror_attach(new_master_id, common, promoted.last_commit_ns)
+        .unwrap();
+    assert!(matches!(master.write_file("/h/x", b"x"), Err(Error::Slave)));
+    master.mirror_write(&mut stream.as_slice()).unwrap();
+    let held = last_tid(&master);
+    assert_eq!(held, slave.volume().committed_tid());
+    assert_same(&slave, &master, 1, held);
+    clean(&master);
+}
+
+#[test]
+fn attach_refuses_when_files_without_history_changed() {
+    let (_, master, mut rng) = populated_master(8);
+    let at = random_round(&master, &mut rng);
+    master.write_file("/n/changed", b"no history").unwrap();
+    master.sync().unwrap();
+    let err = master.mirror_attach([1; 16], at, 0).unwrap_err();
+    assert!(err.to_string().contains("keeps no history"), "{err}");
+    assert!(master.mirror_state().unwrap().is_none());
+    master.write_file("/h/still-a-master", b"yes").unwrap();
+}

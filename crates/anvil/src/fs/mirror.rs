@@ -40,6 +40,18 @@ impl Filesystem {
         Ok(tid)
     }
 
+    /// What this volume was a slave of, and up to which TID, if it was promoted.
+    pub fn promoted_from(&self) -> Result<Option<MirrorState>> {
+        self.volume.promoted_from()
+    }
+
+    /// Makes this volume (a master) a slave of `master` from `at` on, undoing every change
+    /// after `at`: how an old master follows the slave that was promoted in its place
+    /// (`promoted_from` on that one gives both). See `Volume::mirror_attach`.
+    pub fn mirror_attach(&self, master: [u8; 16], at: u64, at_commit_ns: u64) -> Result<()> {
+        self.volume.mirror_attach(master, at, at_commit_ns)
+    }
+
     /// A TID given as a number (decimal, or hex with 0x) or as a snapshot's label.
     pub fn tid_of(&self, spec: &str) -> Result<u64> {
         let spec = spec.trim();

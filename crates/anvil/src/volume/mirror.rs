@@ -19,8 +19,8 @@ use crate::btree::commit::{apply, CommitContext, Mutation};
 use crate::btree::{self, Change, Root};
 use crate::error::{Error, Result};
 use crate::format::record::{
-    compression, rtype, Element, ExtentRef, Key, LogicalKey, Payload, DATA_CHUNK_BYTES, ROOT_OBJ,
-    VOLUME_OBJ,
+    compression, inode_flags, rtype, Element, ExtentRef, Inode, Key, LogicalKey, Payload,
+    DATA_CHUNK_BYTES, ROOT_OBJ, VOLUME_OBJ,
 };
 use crate::format::stream::{Item, StreamHeader, StreamReader, StreamWriter};
 use crate::format::superblock::Superblock;
@@ -41,16 +41,27 @@ const MIRROR_STATE_BYTES: usize = 16 + 3 * 8;
 /// Extents written to the device in one request while a stream is applied, at most.
 const WRITE_RUN_BYTES_MAX: usize = 4 << 20;
 
+/// CONFIG record key of what a promoted slave was a slave of, and up to which TID (the
+/// common TID from which its old master can be attached as its slave).
+pub const PROMOTED_KEY: u64 = 6;
+
+/// Records about this volume's own mirror role, which no stream carries or touches.
 fn is_state_key(key: &Key) -> bool {
-    key.obj == VOLUME_OBJ && key.rtype == rtype::CONFIG && key.key == MIRROR_STATE_KEY
+    key.obj == VOLUME_OBJ
+        && key.rtype == rtype::CONFIG
+        && matches!(key.key, MIRROR_STATE_KEY | PROMOTED_KEY)
 }
 
-fn state_lk() -> LogicalKey {
+fn config_lk(key: u64) -> LogicalKey {
     LogicalKey {
         obj: VOLUME_OBJ,
         rtype: rtype::CONFIG,
-        key: MIRROR_STATE_KEY,
+        key,
     }
+}
+
+fn state_lk() -> LogicalKey {
+    config_lk(MIRROR_STATE_KEY)
 }
 
 /// What a slave records about its master.
@@ -144,6 +155,13 @@ impl Volume {
     /// The mirror state, if this volume is a slave.
     pub fn mirror_state(&self) -> Result<Option<MirrorState>> {
         let bytes = self.run(false, |tx| tx.get_bytes(state_lk()))?;
+        bytes.map(|b| MirrorState::decode(&b)).transpose()
+    }
+
+    /// If this volume was a slave and was promoted: its master then and the last TID it
+    /// held (`last_tid`), from which that master can be attached as a slave of this one.
+    pub fn promoted_from(&self) -> Result<Option<MirrorState>> {
+        let bytes = self.run(false, |tx| tx.get_bytes(config_lk(PROMOTED_KEY)))?;
         bytes.map(|b| MirrorState::decode(&b)).transpose()
     }
 
@@ -579,12 +597,103 @@ impl Volume {
     /// Turns a slave into a master: the mirror state goes, and the volume takes changes
     /// from its next TID on. Returns the TID it continues from.
     pub fn mirror_promote(&self) -> Result<u64> {
-        let Some(_) = self.mirror_state()? else {
+        let Some(state) = self.mirror_state()? else {
             return Err(Error::Invalid("the volume is not a mirror slave".into()));
         };
-        self.commit_mirrored(Vec::new(), None, None)?;
+        let key = Key::new(config_lk(PROMOTED_KEY), self.committed_tid());
+        let mut mutations = self.record_versions(PROMOTED_KEY, |key| Mutation::Remove(key))?;
+        mutations.retain(|m| m.key() != key);
+        mutations.push(Mutation::Replace(Element {
+            key,
+            delete_tid: 0,
+            payload: Payload::Inline(state.encode()),
+        }));
+        mutations.sort_by_key(Mutation::key);
+        self.commit_mirrored(mutations, None, None)?;
         self.slave.store(false, Ordering::Release);
         Ok(self.committed_tid())
+    }
+
+    /// Makes this volume a slave of `master` holding its history up to `at`, the TID up to
+    /// which both hold the same history (the TID a promoted slave was promoted at, when
+    /// this volume was its master): every change after `at` is undone (elements created
+    /// after it go, elements deleted after it live again), as `zfs recv -F` rolls back.
+    /// Changes after `at` to objects without history cannot be undone (their old versions
+    /// were destroyed): attach refuses then, and a new slave is the way. (A volume mounted
+    /// with `-o nohistory` after `at` is not detected: it must not be attached.)
+    pub fn mirror_attach(&self, master: VolumeId, at: u64, at_commit_ns: u64) -> Result<()> {
+        if self.is_slave() {
+            return Err(Error::Invalid("the volume is a slave already".into()));
+        }
+        if at > self.committed_tid() {
+            return Err(Error::Invalid(format!(
+                "TID {at} is newer than this volume's newest ({})",
+                self.committed_tid()
+            )));
+        }
+        let _ = self.commit()?;
+        let mut mutations = Vec::new();
+        // Objects without history that changed after `at`: their versions at `at` may be
+        // gone, so undoing the changes cannot bring them back.
+        let mut nohistory = std::collections::HashSet::new();
+        let mut changed = std::collections::HashSet::new();
+        self.scan(&mut |e| {
+            if is_state_key(&e.key) {
+                return true;
+            }
+            if e.key.rtype == rtype::INODE && e.delete_tid == 0 {
+                if let Payload::Inline(bytes) = &e.payload {
+                    if Inode::decode(bytes).is_ok_and(|i| i.flags & inode_flags::NOHISTORY != 0) {
+                        nohistory.insert(e.key.obj);
+                    }
+                }
+            }
+            if e.key.create_tid > at && e.key.obj != VOLUME_OBJ {
+                changed.insert(e.key.obj);
+            }
+            if e.key.create_tid > at {
+                mutations.push(Mutation::Remove(e.key));
+            } else if e.delete_tid > at {
+                mutations.push(Mutation::Replace(Element {
+                    delete_tid: 0,
+                    ..e.clone()
+                }));
+            }
+            true
+        })?;
+        if let Some(obj) = nohistory.intersection(&changed).min() {
+            return Err(Error::Invalid(format!(
+                "object {obj} keeps no history and changed after TID {at}: its state then \
+                 is gone, so this volume cannot follow from there; start a new slave instead"
+            )));
+        }
+        mutations.extend(self.record_versions(PROMOTED_KEY, |key| Mutation::Remove(key))?);
+        mutations.sort_by_key(Mutation::key);
+        let state = MirrorState {
+            master,
+            last_tid: at,
+            last_commit_ns: at_commit_ns,
+            applied_ns: super::now_ns(),
+        };
+        self.commit_mirrored(mutations, None, Some(state))?;
+        self.slave.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// One mutation per version of a volume CONFIG record.
+    fn record_versions(&self, key: u64, each: impl Fn(Key) -> Mutation) -> Result<Vec<Mutation>> {
+        let mut out = Vec::new();
+        btree::loaded(btree::range(
+            &self.loader(),
+            self.root().root,
+            &Key::new(config_lk(key), 0),
+            &Key::new(config_lk(key), u64::MAX),
+            &mut |e| {
+                out.push(each(e.key));
+                true
+            },
+        ))?;
+        Ok(out)
     }
 
     /// Commits mirrored mutations without a TID of its own: the tree becomes the master's
@@ -604,17 +713,10 @@ impl Volume {
         let tid = header.map_or(previous.committed_tid, |h| {
             h.until.max(previous.committed_tid)
         });
-        let mut old_state: Option<Key> = None;
-        btree::loaded(btree::range(
-            &self.loader(),
-            old_root.root,
-            &Key::new(state_lk(), 0),
-            &Key::new(state_lk(), u64::MAX),
-            &mut |e| {
-                old_state = Some(e.key);
-                true
-            },
-        ))?;
+        let old_state: Option<Key> = self
+            .record_versions(MIRROR_STATE_KEY, |key| Mutation::Remove(key))?
+            .last()
+            .map(Mutation::key);
         let state_key = Key::new(state_lk(), tid);
         if let Some(key) = old_state.filter(|k| *k != state_key || state.is_none()) {
             mutations.push(Mutation::Remove(key));
