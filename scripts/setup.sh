@@ -16,11 +16,11 @@ TOOLS="$ROOT/.tools"
 # libacl1-dev to build), peer filesystems for comparisons (zfs-fuse included),
 # load generators, and what `anvil bench` needs: gcc and make for the nightly
 # build, rsync for backups, a font for PNG charts; sqlite3 and git for the
-# real-client mount tests.
+# real-client mount tests; ssh and a private sshd for the two-host mirroring run.
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config libacl1-dev acl attr
     e2fsprogs xfsprogs btrfs-progs zfs-fuse fio stress-ng rsync
-    gcc make fonts-dejavu-core sqlite3 git
+    gcc make fonts-dejavu-core sqlite3 git openssh-client openssh-server
 )
 
 # Test tools from crates.io, pinned: "crate version binary".

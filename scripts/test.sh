@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, unit/property/crash/model tests, then the real-mount suites
-# (POSIX differential against tmpfs, pjdfstest, fsx). CI runs exactly this.
+# (POSIX differential against tmpfs, pjdfstest, fsx, mirroring through ssh). CI runs
+# exactly this.
 #
 #   scripts/test.sh            everything (needs root and /dev/fuse; installs what is missing)
-#   QUICK=1 scripts/test.sh    skip pjdfstest and fsx
+#   QUICK=1 scripts/test.sh    skip pjdfstest, fsx and the two-host mirroring run
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -42,5 +43,7 @@ if [[ "${QUICK:-0}" != 1 ]]; then
         step "fsx: 100,000 operations against a real mount (transport=$t)"
         ANVIL_MOUNT_OPTS="transport=$t" scripts/run-fsx.sh target/release/anvil 100000
     done
+    step "mirroring between two hosts through ssh (a private sshd on 127.0.0.1:2222)"
+    scripts/mirror-two-hosts.sh target/release/anvil
 fi
 step "all tests passed"

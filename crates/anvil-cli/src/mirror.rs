@@ -185,7 +185,17 @@ fn daemon_job(
     let fifo = Fifo::new()?;
     let path = fifo.path.clone();
     let pumping = std::thread::spawn(move || pump(path));
-    set_xattr(dir, control, value(&fifo.path).as_bytes())?;
+    let value = value(&fifo.path);
+    // One job at a time per daemon: wait a while for one that is ending (the job of a copy
+    // whose connection just broke).
+    let mut tries = 0;
+    while let Err(e) = set_xattr(dir, control, value.as_bytes()) {
+        tries += 1;
+        if tries > 100 || !e.contains("busy") {
+            return Err(e);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let job_path = fifo.path.display().to_string();
     loop {
         let status: serde_json::Value =
@@ -470,6 +480,11 @@ pub fn copy_once(src: &Endpoint, dst: &Endpoint, via: &str) -> Result<Copied, St
         wire_bytes += n as u64;
     }
     drop(to);
+    // Unread output would keep the reader waiting for us.
+    drop(from);
+    if broken.is_some() {
+        let _ = reader.kill();
+    }
     let read = wait(&mut reader, &format!("mirror-read on {src}"));
     let mut writer_err = String::new();
     if let Some(mut err) = writer.stderr.take() {
@@ -487,13 +502,27 @@ pub fn copy_once(src: &Endpoint, dst: &Endpoint, via: &str) -> Result<Copied, St
         return Err(e);
     }
     read?;
-    let held = status_of(dst, via)?["last_tid"].as_u64().unwrap_or(0);
+    // mirror-write names the TID the slave holds now; ask only if it did not.
+    let held = match held_from_summary(&writer_err) {
+        Some(tid) => tid,
+        None => status_of(dst, via)?["last_tid"].as_u64().unwrap_or(0),
+    };
     Ok(Copied {
         since,
         held,
         wire_bytes,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// The TID a slave holds after `mirror-write`, from its summary line.
+fn held_from_summary(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("mirror-write: "))?;
+    if let Some(rest) = line.split("already holds TID ").nth(1) {
+        return rest.split(';').next()?.trim().parse().ok();
+    }
+    let range = line.split("TIDs ").nth(1)?.split(':').next()?;
+    range.split("..").nth(1)?.trim().parse().ok()
 }
 
 /// `anvil mirror-copy SRC DST`.
@@ -581,6 +610,15 @@ mod tests {
             Endpoint::Local(PathBuf::from("image.img"))
         );
         assert_eq!(shell_quote("/mnt/x"), "/mnt/x");
+        assert_eq!(
+            held_from_summary("mirror-write: TIDs 4..9: 3 inserted, 0 deleted"),
+            Some(9)
+        );
+        assert_eq!(
+            held_from_summary("x\nmirror-write: the slave already holds TID 12; nothing to do"),
+            Some(12)
+        );
+        assert_eq!(held_from_summary("error: no"), None);
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
     }
 }
