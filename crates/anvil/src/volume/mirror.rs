@@ -601,7 +601,11 @@ impl Volume {
             return Err(Error::Invalid("the volume is not a mirror slave".into()));
         };
         let key = Key::new(config_lk(PROMOTED_KEY), self.committed_tid());
-        let mut mutations = self.record_versions(PROMOTED_KEY, |key| Mutation::Remove(key))?;
+        let mut mutations: Vec<Mutation> = self
+            .record_versions(PROMOTED_KEY)?
+            .into_iter()
+            .map(Mutation::Remove)
+            .collect();
         mutations.retain(|m| m.key() != key);
         mutations.push(Mutation::Replace(Element {
             key,
@@ -667,7 +671,11 @@ impl Volume {
                  is gone, so this volume cannot follow from there; start a new slave instead"
             )));
         }
-        mutations.extend(self.record_versions(PROMOTED_KEY, |key| Mutation::Remove(key))?);
+        mutations.extend(
+            self.record_versions(PROMOTED_KEY)?
+                .into_iter()
+                .map(Mutation::Remove),
+        );
         mutations.sort_by_key(Mutation::key);
         let state = MirrorState {
             master,
@@ -680,8 +688,8 @@ impl Volume {
         Ok(())
     }
 
-    /// One mutation per version of a volume CONFIG record.
-    fn record_versions(&self, key: u64, each: impl Fn(Key) -> Mutation) -> Result<Vec<Mutation>> {
+    /// The keys of every version of a volume CONFIG record.
+    fn record_versions(&self, key: u64) -> Result<Vec<Key>> {
         let mut out = Vec::new();
         btree::loaded(btree::range(
             &self.loader(),
@@ -689,7 +697,7 @@ impl Volume {
             &Key::new(config_lk(key), 0),
             &Key::new(config_lk(key), u64::MAX),
             &mut |e| {
-                out.push(each(e.key));
+                out.push(e.key);
                 true
             },
         ))?;
@@ -713,10 +721,7 @@ impl Volume {
         let tid = header.map_or(previous.committed_tid, |h| {
             h.until.max(previous.committed_tid)
         });
-        let old_state: Option<Key> = self
-            .record_versions(MIRROR_STATE_KEY, |key| Mutation::Remove(key))?
-            .last()
-            .map(Mutation::key);
+        let old_state: Option<Key> = self.record_versions(MIRROR_STATE_KEY)?.last().copied();
         let state_key = Key::new(state_lk(), tid);
         if let Some(key) = old_state.filter(|k| *k != state_key || state.is_none()) {
             mutations.push(Mutation::Remove(key));
