@@ -9,7 +9,8 @@
 # Checks: the first copy and incremental copies give equal `tar | sha256sum` at every TID;
 # mirror-stream follows a steady writer (prints the median lag behind the master's commit);
 # an ssh connection killed in the middle of a copy leaves the slave at its previous TID and
-# the next copy resumes from it; the slave checks clean.
+# the next copy resumes from it; prune on the master leaves the slave's history; the slave
+# checks clean.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ANVIL="$(realpath "${1:-$ROOT/target/release/anvil}")"
@@ -154,6 +155,17 @@ if not lags:
 print(f"  mirror-stream: {len(lags)} rounds, lag behind the master's commit: "
       f"median {statistics.median(lags):.2f} s, max {max(lags):.2f} s")
 PY
+
+echo "== prune on the master: the slave keeps the history it has =="
+OLD_SUM=$(sum_at "$S" "$HELD")
+"$ANVIL" prune-everything "$M" >/dev/null
+echo "after the prune" >"$M/src/after-prune"
+"$ANVIL" synctid "$M" >/dev/null
+"$ANVIL" mirror-copy "$M" "$REMOTE" --via "$VIA" 2>&1 | tail -2
+LATEST=$(last_tid)
+compare_range "$LATEST" "$LATEST"
+[[ "$(sum_at "$S" "$HELD")" == "$OLD_SUM" ]] || fail "the slave lost history the master pruned"
+echo "  TID $HELD still reads the same on the slave"
 
 umount "$S"
 "$ANVIL" check "$WORK/slave.img" | tail -1

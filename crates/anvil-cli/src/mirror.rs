@@ -502,6 +502,9 @@ pub fn copy_once(src: &Endpoint, dst: &Endpoint, via: &str) -> Result<Copied, St
         return Err(e);
     }
     read?;
+    for line in writer_err.lines().filter(|l| l.contains("pruned")) {
+        eprintln!("{line}");
+    }
     // mirror-write names the TID the slave holds now; ask only if it did not.
     let held = match held_from_summary(&writer_err) {
         Some(tid) => tid,

@@ -473,3 +473,41 @@ fn attach_refuses_when_files_without_history_changed() {
     assert!(master.mirror_state().unwrap().is_none());
     master.write_file("/h/still-a-master", b"yes").unwrap();
 }
+
+/// A mirror-write killed at any point of a stream is, for the slave, a stream that ends
+/// there: cut a recorded multi-block stream at many points, each leaves the slave as it was
+/// (and its space free), and the whole stream still applies after all of them.
+#[test]
+fn a_stream_cut_anywhere_leaves_the_slave_as_it_was() {
+    let (_, master, mut rng) = populated_master(10);
+    let (_, slave) = volume("slave");
+    random_round(&master, &mut rng);
+    mirror(&master, &slave, 0);
+    let held = last_tid(&slave);
+    for _ in 0..4 {
+        random_round(&master, &mut rng);
+    }
+    // Incompressible data so the stream spans several blocks.
+    let mut big = vec![0u8; 3 << 20];
+    rng.fill_bytes(&mut big);
+    master.write_file("/h/big", &big).unwrap();
+    master.sync().unwrap();
+    let mut stream = Vec::new();
+    master.mirror_read(held, None, &mut stream).unwrap();
+    assert!(stream.len() > 3 << 20);
+    let before = slave_state(&slave);
+    let free = slave.info().free_bytes;
+    let cuts = (0..64)
+        .map(|i| stream.len() * i / 64)
+        .chain([stream.len() - 1]);
+    for cut in cuts {
+        let err = slave.mirror_write(&mut &stream[..cut]).unwrap_err();
+        assert!(matches!(err, Error::Stream(_)), "cut at {cut}: {err}");
+        assert_eq!(slave.info().free_bytes, free, "cut at {cut}");
+    }
+    assert_eq!(slave_state(&slave), before);
+    slave.mirror_write(&mut stream.as_slice()).unwrap();
+    assert_eq!(slave.read_file("/h/big").unwrap(), big);
+    assert_same(&master, &slave, held, last_tid(&slave));
+    clean(&slave);
+}
