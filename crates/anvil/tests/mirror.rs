@@ -373,10 +373,17 @@ fn prune_on_either_side_keeps_the_slave_whole() {
     assert_same(&master, &slave, held, held);
     assert_eq!(view_text(&slave, first - 2, "/h/"), old_view);
     clean(&slave);
-    // The slave prunes by its own policy, without taking a TID of its own, and still
-    // follows its master.
+    // The slave prunes by its own policy and reblocks, without taking a TID of its own,
+    // and still follows its master; so does a reblocked master.
     slave
         .prune(Some(anvil::fs::RetentionPolicy::NONE), false)
+        .unwrap();
+    let moved = slave
+        .reblock(anvil::fs::ReblockOptions::default(), &mut |_, _| {})
+        .unwrap();
+    assert!(moved.finished && moved.extents_moved > 0, "{moved:?}");
+    master
+        .reblock(anvil::fs::ReblockOptions::default(), &mut |_, _| {})
         .unwrap();
     assert_eq!(slave.volume().committed_tid(), held);
     random_round(&master, &mut rng);

@@ -51,7 +51,12 @@ fn cursor_key() -> LogicalKey {
 }
 
 impl Filesystem {
+    /// Where the last unfinished pass stopped. A slave keeps none (its CONFIG records are
+    /// its master's, and it takes no changes but mirrored ones): each run starts over.
     fn reblock_cursor(&self) -> Result<Option<Key>> {
+        if self.volume.is_slave() {
+            return Ok(None);
+        }
         let stored = self.volume.run(false, |tx| tx.get_bytes(cursor_key()))?;
         let Some(bytes) = stored else { return Ok(None) };
         let mut r = Reader::new(&bytes, "reblock cursor");
@@ -89,7 +94,9 @@ impl Filesystem {
             match step.next {
                 None => {
                     report.finished = true;
-                    self.volume.run(true, |tx| tx.put(cursor_key(), None))?;
+                    if !self.volume.is_slave() {
+                        self.volume.run(true, |tx| tx.put(cursor_key(), None))?;
+                    }
                     break;
                 }
                 Some(next) => cursor = next,
@@ -98,6 +105,9 @@ impl Filesystem {
                 .time_box
                 .is_some_and(|limit| started.elapsed() >= limit)
             {
+                if self.volume.is_slave() {
+                    break;
+                }
                 let mut w = Writer::default();
                 cursor.encode(&mut w);
                 let bytes = Arc::new(w.bytes);

@@ -362,25 +362,29 @@ impl Volume {
             }
         };
         report.stream_bytes = reader.bytes_in;
-        let mutations = match written
-            .finish()
-            .and_then(|()| self.mirror_mutations(&header, state.is_none(), plan, &mut report))
-        {
-            Ok(mutations) => mutations,
-            Err(e) => {
-                written.release();
-                return Err(e);
-            }
-        };
+        if let Err(e) = written.finish() {
+            written.release();
+            return Err(e);
+        }
         let new_state = MirrorState {
             master: header.master,
             last_tid: header.until,
             last_commit_ns: header.commit_time_ns,
             applied_ns: super::now_ns(),
         };
-        self.commit_mirrored(mutations, Some(&header), Some(new_state))
-            .inspect_err(|_| written.release())?;
+        // From here on the volume takes no changes but these (a new slave included).
+        let fresh = state.is_none();
         self.slave.store(true, Ordering::Release);
+        let committed = self.commit_mirrored(
+            |volume| volume.mirror_mutations(&header, fresh, plan, &mut report),
+            Some(&header),
+            Some(new_state),
+        );
+        if let Err(e) = committed {
+            written.release();
+            self.slave.store(!fresh, Ordering::Release);
+            return Err(e);
+        }
         Ok(report)
     }
 
@@ -600,20 +604,25 @@ impl Volume {
         let Some(state) = self.mirror_state()? else {
             return Err(Error::Invalid("the volume is not a mirror slave".into()));
         };
-        let key = Key::new(config_lk(PROMOTED_KEY), self.committed_tid());
-        let mut mutations: Vec<Mutation> = self
-            .record_versions(PROMOTED_KEY)?
-            .into_iter()
-            .map(Mutation::Remove)
-            .collect();
-        mutations.retain(|m| m.key() != key);
-        mutations.push(Mutation::Replace(Element {
-            key,
-            delete_tid: 0,
-            payload: Payload::Inline(state.encode()),
-        }));
-        mutations.sort_by_key(Mutation::key);
-        self.commit_mirrored(mutations, None, None)?;
+        self.commit_mirrored(
+            |volume| {
+                let key = Key::new(config_lk(PROMOTED_KEY), volume.committed_tid());
+                let mut mutations: Vec<Mutation> = volume
+                    .record_versions(PROMOTED_KEY)?
+                    .into_iter()
+                    .filter(|k| *k != key)
+                    .map(Mutation::Remove)
+                    .collect();
+                mutations.push(Mutation::Replace(Element {
+                    key,
+                    delete_tid: 0,
+                    payload: Payload::Inline(state.encode()),
+                }));
+                Ok(mutations)
+            },
+            None,
+            None,
+        )?;
         self.slave.store(false, Ordering::Release);
         Ok(self.committed_tid())
     }
@@ -635,7 +644,25 @@ impl Volume {
                 self.committed_tid()
             )));
         }
+        // Changes made so far commit as usual; from here on the volume takes none but
+        // the attach's own.
         let _ = self.commit()?;
+        self.slave.store(true, Ordering::Release);
+        let state = MirrorState {
+            master,
+            last_tid: at,
+            last_commit_ns: at_commit_ns,
+            applied_ns: super::now_ns(),
+        };
+        let attached = self.commit_mirrored(|volume| volume.rollback(at), None, Some(state));
+        if attached.is_err() {
+            self.slave.store(false, Ordering::Release);
+        }
+        attached
+    }
+
+    /// The mutations that undo every change after `at` (see `mirror_attach`).
+    fn rollback(&self, at: u64) -> Result<Vec<Mutation>> {
         let mut mutations = Vec::new();
         // Objects without history that changed after `at`: their versions at `at` may be
         // gone, so undoing the changes cannot bring them back.
@@ -676,16 +703,7 @@ impl Volume {
                 .into_iter()
                 .map(Mutation::Remove),
         );
-        mutations.sort_by_key(Mutation::key);
-        let state = MirrorState {
-            master,
-            last_tid: at,
-            last_commit_ns: at_commit_ns,
-            applied_ns: super::now_ns(),
-        };
-        self.commit_mirrored(mutations, None, Some(state))?;
-        self.slave.store(true, Ordering::Release);
-        Ok(())
+        Ok(mutations)
     }
 
     /// The keys of every version of a volume CONFIG record.
@@ -704,18 +722,21 @@ impl Volume {
         Ok(out)
     }
 
-    /// Commits mirrored mutations without a TID of its own: the tree becomes the master's
+    /// Commits the mutations `build` makes (called under the commit lock, after anything
+    /// pending is committed) without a TID of its own: the tree becomes the master's
     /// as of `header.until` (or, with no header, stays at its TID), and the mirror state
     /// record is replaced by `state` (or removed).
     fn commit_mirrored(
         &self,
-        mut mutations: Vec<Mutation>,
+        build: impl FnOnce(&Volume) -> Result<Vec<Mutation>>,
         header: Option<&StreamHeader>,
         state: Option<MirrorState>,
     ) -> Result<()> {
         let _commit = self.commit_lock.lock();
         // A new slave may have changes of its own pending (its root directory's times).
         self.commit_locked()?;
+        // Built under the commit lock: no reblock step moves an extent under them.
+        let mut mutations = build(self)?;
         let old_root = self.root();
         let previous: Superblock = self.state.lock().superblock.clone();
         let tid = header.map_or(previous.committed_tid, |h| {

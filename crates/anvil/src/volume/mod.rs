@@ -1351,8 +1351,10 @@ impl Volume {
         previous: Superblock,
     ) -> Result<CommitOutcome> {
         // A slave's elements carry its master's TIDs: its own commits (prune's removals)
-        // take none, so the next stream's TIDs stay free.
-        let slave = self.is_slave();
+        // take none, so the next stream's TIDs stay free. (A change that raced with the
+        // volume becoming a slave still gets a TID of its own; mirror-write's or attach's
+        // commit removes it.)
+        let slave = self.is_slave() && frozen.map.is_empty();
         let tid = match slave {
             true => previous.committed_tid,
             false => frozen.tid,
