@@ -802,28 +802,16 @@ impl Volume {
         header: Option<&StreamHeader>,
         ring: &super::LogRing,
     ) -> Result<Superblock> {
-        let map = self.write_space_map(previous, &mut ctx.freed, tid)?;
-        self.device.flush()?;
-        let sb = Superblock {
-            seq: previous.seq + 1,
-            root_address: new_root.address,
-            root_level: new_root.level,
+        self.publish(&mut ctx.freed, previous, new_root, tid, |sb| Superblock {
             committed_tid: tid,
             next_tid: previous.next_tid.max(tid + 1),
             next_obj: header.map_or(previous.next_obj, |h| h.next_obj.max(previous.next_obj)),
             commit_time_ns: header.map_or(previous.commit_time_ns, |h| h.commit_time_ns),
-            used_bytes: map.used_bytes,
-            space_map_address: map.address,
-            space_map_bytes: map.bytes,
             live_objects: header.map_or(previous.live_objects, |h| h.live_objects),
             log_start: ring.head % ring.size,
             log_salt: ring.salt,
-            ..previous.clone()
-        };
-        sb.validate(sb.address())?;
-        self.device.write_at(&sb.encode(), sb.address())?;
-        self.device.flush()?;
-        Ok(sb)
+            ..sb
+        })
     }
 }
 

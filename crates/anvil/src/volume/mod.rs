@@ -1422,27 +1422,44 @@ impl Volume {
         let mut ctx = CommitContext::new(self.loader(), &self.space, tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         ctx.write_out()?;
-        let map = self.write_space_map(&previous, &mut ctx.freed, tid)?;
-        self.device.flush()?;
-        let sb = Superblock {
-            seq: previous.seq + 1,
-            root_address: new_root.address,
-            root_level: new_root.level,
+        let sb = self.publish(&mut ctx.freed, &previous, new_root, tid, |sb| Superblock {
             committed_tid: tid,
             next_tid: previous.next_tid.max(tid + 1),
             commit_time_ns: commit_time,
-            used_bytes: map.used_bytes,
-            space_map_address: map.address,
-            space_map_bytes: map.bytes,
             live_objects: previous
                 .live_objects
                 .saturating_add_signed(frozen.objects_delta),
-            ..previous
-        };
+            ..sb
+        })?;
+        Ok((new_root, ctx.freed, sb))
+    }
+
+    /// Makes a written tree durable: the space map as of after this commit, a flush, then
+    /// the superblock `make` finishes from the previous one with the new root and map
+    /// filled in, and a flush.
+    fn publish(
+        &self,
+        freed: &mut Vec<(u64, u64)>,
+        previous: &Superblock,
+        new_root: Root,
+        tid: u64,
+        make: impl FnOnce(Superblock) -> Superblock,
+    ) -> Result<Superblock> {
+        let map = self.write_space_map(previous, freed, tid)?;
+        self.device.flush()?;
+        let sb = make(Superblock {
+            seq: previous.seq + 1,
+            root_address: new_root.address,
+            root_level: new_root.level,
+            used_bytes: map.used_bytes,
+            space_map_address: map.address,
+            space_map_bytes: map.bytes,
+            ..previous.clone()
+        });
         sb.validate(sb.address())?;
         self.device.write_at(&sb.encode(), sb.address())?;
         self.device.flush()?;
-        Ok((new_root, ctx.freed, sb))
+        Ok(sb)
     }
 
     /// Hands what a durable commit freed to the root it replaced: the space returns to the
@@ -1967,20 +1984,8 @@ impl Volume {
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         ctx.write_out()?;
         step.nodes_written = ctx.nodes_written;
-        let map = self.write_space_map(&previous, &mut ctx.freed, previous.committed_tid)?;
-        self.device.flush()?;
-        let sb = Superblock {
-            seq: previous.seq + 1,
-            root_address: new_root.address,
-            root_level: new_root.level,
-            used_bytes: map.used_bytes,
-            space_map_address: map.address,
-            space_map_bytes: map.bytes,
-            ..previous
-        };
-        sb.validate(sb.address())?;
-        self.device.write_at(&sb.encode(), sb.address())?;
-        self.device.flush()?;
+        let tid = previous.committed_tid;
+        let sb = self.publish(&mut ctx.freed, &previous, new_root, tid, |sb| sb)?;
         let freed = ctx.freed;
         let mut st = self.state.lock();
         self.retire(&old_root, freed);
