@@ -210,7 +210,13 @@ fn daemon_job(
             let _ = pumping.join();
             return report_from_json(&job["report"]);
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // While the stream flows, look now and then (for a job that failed before it
+        // opened the FIFO); once it has, the job is about to end: look often.
+        let pause = match pumping.is_finished() {
+            true => Duration::from_millis(1),
+            false => Duration::from_millis(25),
+        };
+        std::thread::sleep(pause);
     }
 }
 

@@ -97,6 +97,9 @@ impl AnvilFuse {
         std::thread::Builder::new()
             .name("anvil-mirror".into())
             .spawn(move || {
+                // Started from a request worker, this thread would inherit SCHED_IDLE and
+                // all but stop whenever anything else wants the CPU.
+                crate::set_idle_policy(false);
                 let outcome = worker.run(&job);
                 if let Err(e) = &outcome {
                     log::warn!("mirror job on {}: {e}", job.path().display());
@@ -198,6 +201,7 @@ impl AnvilFuse {
         let _ = std::thread::Builder::new()
             .name("anvil-attach".into())
             .spawn(move || {
+                crate::set_idle_policy(false);
                 forget_cached_tree(&lookups, &notifier);
                 if let Some(notifier) = notifier.get() {
                     for (dir, name) in names {

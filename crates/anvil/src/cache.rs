@@ -30,9 +30,12 @@ const BUDGET_BYTES_MIN: u64 = 4 << 20;
 #[derive(Clone)]
 struct Bytes;
 
-impl Weighter<u64, Arc<Node>> for Bytes {
-    fn weight(&self, _address: &u64, node: &Arc<Node>) -> u64 {
-        ENTRY_OVERHEAD_BYTES + node.memory_bytes() as u64
+/// A decoded node and the TID of the commit that wrote it (from its block header).
+type TidNode = (Arc<Node>, u64);
+
+impl Weighter<u64, TidNode> for Bytes {
+    fn weight(&self, _address: &u64, node: &TidNode) -> u64 {
+        ENTRY_OVERHEAD_BYTES + node.0.memory_bytes() as u64
     }
 }
 
@@ -54,7 +57,7 @@ pub struct CacheStats {
 }
 
 pub struct BlockCache {
-    nodes: Cache<u64, Arc<Node>, Bytes>,
+    nodes: Cache<u64, TidNode, Bytes>,
     extents: Cache<ExtentRef, Arc<Vec<u8>>, Bytes>,
     budget_bytes: u64,
     node_hits: AtomicU64,
@@ -83,13 +86,18 @@ impl BlockCache {
     }
 
     pub fn node(&self, address: u64) -> Option<Arc<Node>> {
+        self.node_with_tid(address).map(|(node, _)| node)
+    }
+
+    /// The node at `address` and the TID it was written with, if cached.
+    pub fn node_with_tid(&self, address: u64) -> Option<TidNode> {
         let found = self.nodes.get(&address);
         count(&self.node_hits, &self.node_misses, found.is_some());
         found
     }
 
-    pub fn insert_node(&self, address: u64, node: Arc<Node>) {
-        self.nodes.insert(address, node);
+    pub fn insert_node(&self, address: u64, node: Arc<Node>, tid: u64) {
+        self.nodes.insert(address, (node, tid));
     }
 
     pub fn remove_node(&self, address: u64) {

@@ -106,7 +106,7 @@ impl CommitContext<'_> {
         self.writes.push(address);
         let node = Arc::new(node);
         self.fresh.insert(address, node.clone());
-        self.loader.cache.insert_node(address, node);
+        self.loader.cache.insert_node(address, node, self.tid);
         if self.writes.len() >= FRESH_NODES_MAX {
             // A commit that rewrites thousands of leaves (new names in many directories)
             // would otherwise hold them all; written, they are read back like any node.

@@ -84,21 +84,27 @@ impl Loader<'_> {
         }
         let mut buf = vec![0u8; NODE_BYTES];
         self.device.read_at(&mut buf, address)?;
-        let (node, _tid) = Node::decode(&buf, &self.volume_id, address, Some(level))?;
+        let (node, tid) = Node::decode(&buf, &self.volume_id, address, Some(level))?;
         let node = Arc::new(node);
-        self.cache.insert_node(address, node.clone());
+        self.cache.insert_node(address, node.clone(), tid);
         Ok(node)
     }
 }
 
 impl Loader<'_> {
-    /// Reads a node from the device with the TID of the commit that wrote it (the cache
-    /// keeps nodes without it).
+    /// A node with the TID of the commit that wrote it.
     pub fn load_with_tid(&self, address: u64, level: u8) -> Result<(Arc<Node>, u64)> {
+        if let Some((node, tid)) = self.cache.node_with_tid(address) {
+            if node.level() == level {
+                return Ok((node, tid));
+            }
+        }
         let mut buf = vec![0u8; NODE_BYTES];
         self.device.read_at(&mut buf, address)?;
         let (node, tid) = Node::decode(&buf, &self.volume_id, address, Some(level))?;
-        Ok((Arc::new(node), tid))
+        let node = Arc::new(node);
+        self.cache.insert_node(address, node.clone(), tid);
+        Ok((node, tid))
     }
 }
 

@@ -59,7 +59,8 @@ pub enum Item {
     /// The master's elements with keys in `lo..=hi` did not change in the range: the slave
     /// keeps its own there untouched.
     Skip { lo: Key, hi: Key },
-    /// An element the master still holds unchanged in a changed key range.
+    /// A live element the master still holds unchanged in a changed key range (unchanged
+    /// history is not named: a slave keeps its history either way).
     Keep(Key),
     /// An element created in the range, with inline payload.
     Insert(Element),

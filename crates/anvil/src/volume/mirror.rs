@@ -252,6 +252,9 @@ impl Volume {
                         delete_tid: e.delete_tid,
                     }
                 }
+                // Unchanged history says nothing a slave needs: it keeps what it holds
+                // as history whether or not a stream names it.
+                Change::Element(e) if e.delete_tid != 0 && e.delete_tid <= since => return Ok(()),
                 Change::Element(e) => Item::Keep(e.key),
             };
             report.items += 1;
