@@ -59,7 +59,7 @@ pub enum BenchCommand {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Workloads, comma-separated, or "all": metadata, blogbench, iozone,
-    /// proxy-cache, nightly-build, backup.
+    /// proxy-cache, nightly-build, backup, mirror.
     #[arg(value_name = "WORKLOADS")]
     pub workloads: String,
     /// File systems to build, each on its own loop device of --size:

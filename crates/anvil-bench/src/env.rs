@@ -116,6 +116,51 @@ pub trait Probe: Send + Sync {
     /// Takes a read-only snapshot of the snapshot root `path` named `name`.
     /// Returns false when the file system has no snapshots.
     fn snapshot(&self, path: &str, name: &str) -> Result<bool>;
+    /// Makes a second, empty file system of the same kind and size that the
+    /// snapshots of the snapshot root `path` can be sent to (`btrfs send |
+    /// btrfs receive`, `zfs send | zfs recv`, `anvil mirror-read | anvil
+    /// mirror-write`). None when the file system cannot send snapshots.
+    fn make_replica(&self, _path: &str) -> Result<Option<Box<dyn Replica>>> {
+        Ok(None)
+    }
+}
+
+/// The two commands of one send: the sender writes the stream to its
+/// stdout, the receiver reads it from its stdin.
+pub struct SendReceive {
+    pub send: std::process::Command,
+    pub receive: std::process::Command,
+    /// The pipeline as a shell would show it, for the results.
+    pub shown: String,
+}
+
+/// The receiving side of a mirror: a second file system of the target's kind
+/// and size, made by [`Probe::make_replica`], removed by `teardown` (or when
+/// dropped).
+pub trait Replica: Send {
+    /// How the replica was built (mkfs, mount options, device, mount point).
+    fn info(&self) -> crate::results::FsInfo;
+    /// The commands that bring the replica to snapshot `name` of the source's
+    /// snapshot root: incrementally from snapshot `prev` (which it holds), or
+    /// the whole snapshot when `prev` is None. May ask the replica what it
+    /// holds (anvil's mirror-status), so callers time this call too.
+    fn pipeline(&self, name: &str, prev: Option<&str>) -> Result<SendReceive>;
+    /// A single command that does the whole send, where the file system has
+    /// one (`anvil mirror-copy SRC DST`).
+    fn copy_command(&self) -> Option<std::process::Command> {
+        None
+    }
+    /// Makes what the replica received durable (sync(2), or a commit for anvil).
+    fn sync(&self) -> Result<()>;
+    /// Bytes in use on the replica's file system (as [`Probe::used_bytes`]).
+    fn used_bytes(&self) -> Result<u64>;
+    /// Device counters of the replica.
+    fn io(&self) -> IoCounters;
+    /// Where the replica's copy of the snapshot root as of snapshot `name` can
+    /// be read, if known (`latest`: `name` is the newest snapshot it received).
+    fn snapshot_dir(&self, name: &str, latest: bool) -> Option<PathBuf>;
+    /// Unmounts and removes the replica.
+    fn teardown(self: Box<Self>) -> Result<()>;
 }
 
 /// Everything a workload gets for one run.

@@ -1,6 +1,7 @@
 //! `anvil bench`: the classic file-system comparisons — blogbench, a nightly
 //! build, a web-proxy cache replay, an iozone-style sweep, backups with
-//! snapshots, and a metadata storm — run side by side on anvil and on peer
+//! snapshots and their mirroring to a second file system (send/receive), and
+//! a metadata storm — run side by side on anvil and on peer
 //! file systems built on identical loop devices, with tables, JSON and charts.
 //!
 //! Layers, bottom up:

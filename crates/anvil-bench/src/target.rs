@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anvil::fs::Caller;
 use anvil::{Filesystem, MountOptions};
 
-use crate::env::{IoCounters, Probe};
+use crate::env::{IoCounters, Probe, Replica, SendReceive};
 use crate::error::{fail, BenchError, Context, Result};
 use crate::results::FsInfo;
 use crate::vfs::{AnvilVfs, PosixVfs, Vfs};
@@ -164,6 +164,10 @@ pub struct Target {
     zfs_datasets: std::sync::Mutex<Vec<String>>,
     zfs_devdir: Option<PathBuf>,
     started_zfs_daemon: bool,
+    /// How it was built, for making a replica of the same kind and size.
+    cfg: Option<Config>,
+    /// The receiving side of a mirror: mounted as made, nothing created in it.
+    replica: bool,
 }
 
 fn run_cmd(cmd: &mut Command) -> Result<()> {
@@ -343,6 +347,10 @@ fn drop_kernel_caches() -> Result<()> {
 impl Target {
     /// Makes and mounts a fresh target for run `run`.
     pub fn setup(spec: &TargetSpec, cfg: &Config, run: u32) -> Result<Target> {
+        Target::setup_as(spec, cfg, run, false)
+    }
+
+    fn setup_as(spec: &TargetSpec, cfg: &Config, run: u32, replica: bool) -> Result<Target> {
         let mut t = Target {
             spec: spec.clone(),
             info: FsInfo {
@@ -362,6 +370,8 @@ impl Target {
             zfs_datasets: std::sync::Mutex::new(Vec::new()),
             zfs_devdir: None,
             started_zfs_daemon: false,
+            cfg: Some(cfg.clone()),
+            replica,
         };
         // On failure, `t` is dropped, which undoes whatever was done.
         t.build(cfg, run)?;
@@ -476,6 +486,13 @@ impl Target {
     }
 
     fn finish_mount(&mut self, mnt: PathBuf) -> Result<()> {
+        if self.replica {
+            // A new anvil slave must be empty, and btrfs receive and zfs recv make
+            // their own subvolumes and datasets.
+            self.workdir = Some(mnt.clone());
+            self.mount = Some(mnt);
+            return Ok(());
+        }
         let work = mnt.join("bench");
         self.mount = Some(mnt);
         fs::create_dir(&work).ctx(|| format!("mkdir {}", work.display()))?;
@@ -516,7 +533,9 @@ impl Target {
         // Pools of earlier runs whose process is gone (interrupted) hold loop devices.
         if let Ok(pools) = output_of(Command::new("zpool").args(["list", "-H", "-o", "name"])) {
             for old in pools.lines().filter_map(|p| p.strip_prefix("anvilbench")) {
-                let alive = old
+                // "anvilbench<pid>", or "anvilbench<pid>recv" for a replica.
+                let pid = old.trim_end_matches(|c: char| !c.is_ascii_digit());
+                let alive = pid
                     .parse::<u32>()
                     .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
                 if !alive {
@@ -528,7 +547,11 @@ impl Target {
                 }
             }
         }
-        let pool = format!("anvilbench{}", std::process::id());
+        let pool = format!(
+            "anvilbench{}{}",
+            std::process::id(),
+            if self.replica { "recv" } else { "" }
+        );
         // `zpool import -d DIR` scans DIR for devices: give it one holding only ours.
         let devdir = mnt.with_file_name(format!("zdev-{}", self.spec.label));
         let _ = fs::remove_dir_all(&devdir);
@@ -781,6 +804,204 @@ impl Target {
             None => fail("this target has no directory"),
         }
     }
+
+    /// The zfs dataset of the snapshot root `rel` (see `make_snapshot_root`).
+    fn zfs_dataset(&self, rel: &str) -> Option<String> {
+        self.zfs_pool
+            .as_ref()
+            .map(|pool| format!("{pool}/{}", rel.replace('/', "_")))
+    }
+}
+
+/// The receiving side of a mirror of a [`Target`]: a second target of the same
+/// kind and size (its own sparse file, loop device and mount point, labelled
+/// `<label>-recv`; for zfs-fuse its own pool in the same daemon).
+pub struct TargetReplica {
+    target: Target,
+    /// The source's mount point and snapshot root (absolute).
+    source_mount: PathBuf,
+    source_root: PathBuf,
+    /// Where the source keeps its btrfs snapshots.
+    source_snaps: PathBuf,
+    /// The source's dataset of the snapshot root (zfs).
+    source_dataset: Option<String>,
+    anvil_bin: PathBuf,
+}
+
+/// Shows a command as a shell line (without Debug's quotes).
+fn shown(cmd: &Command) -> String {
+    format!("{cmd:?}").replace('"', "")
+}
+
+/// From `anvil mirror-status --json`: the TID a slave holds, or None for a
+/// volume that is no slave (a new, empty one takes a full stream).
+pub fn slave_holds(status_json: &str) -> Result<Option<u64>> {
+    let v: serde_json::Value = serde_json::from_str(status_json.trim())
+        .map_err(|e| BenchError(format!("mirror-status: not JSON ({e}): {status_json}")))?;
+    if v["slave"] != true {
+        return Ok(None);
+    }
+    match v["last_tid"].as_u64() {
+        Some(t) => Ok(Some(t)),
+        None => fail(format!(
+            "mirror-status: a slave without last_tid: {status_json}"
+        )),
+    }
+}
+
+impl TargetReplica {
+    fn mount(&self) -> &Path {
+        self.target.mount.as_deref().unwrap_or(Path::new("/"))
+    }
+
+    /// The received dataset (zfs): the source's dataset name under the replica's pool.
+    fn dataset(&self) -> Option<(String, String)> {
+        let pool = self.target.zfs_pool.as_ref()?;
+        let src = self.source_dataset.as_ref()?;
+        let name = src.rsplit('/').next().unwrap_or(src).to_string();
+        Some((format!("{pool}/{name}"), name))
+    }
+}
+
+impl Replica for TargetReplica {
+    fn info(&self) -> FsInfo {
+        self.target.info.clone()
+    }
+
+    fn pipeline(&self, name: &str, prev: Option<&str>) -> Result<SendReceive> {
+        let (send, receive) = match &self.target.spec.kind {
+            Kind::Btrfs | Kind::BtrfsZstd => {
+                let mut send = Command::new("btrfs");
+                send.arg("send");
+                if let Some(p) = prev {
+                    send.arg("-p").arg(self.source_snaps.join(p));
+                }
+                send.arg(self.source_snaps.join(name));
+                let mut receive = Command::new("btrfs");
+                receive.arg("receive").arg(self.mount());
+                (send, receive)
+            }
+            Kind::ZfsFuse => {
+                let (Some(src), Some((dst, _))) = (&self.source_dataset, self.dataset()) else {
+                    return fail("zfs replica without datasets");
+                };
+                let mut send = Command::new("zfs");
+                send.arg("send");
+                if let Some(p) = prev {
+                    send.arg("-i").arg(format!("{src}@{p}"));
+                }
+                send.arg(format!("{src}@{name}"));
+                let mut receive = Command::new("zfs");
+                receive.args(["recv", "-F", &dst]);
+                (send, receive)
+            }
+            Kind::Anvil | Kind::AnvilZstd => {
+                // As `anvil mirror-copy` does: from the TID the slave holds.
+                let status = output_of(
+                    Command::new(&self.anvil_bin)
+                        .arg("mirror-status")
+                        .arg(self.mount())
+                        .arg("--json"),
+                )?;
+                let holds = slave_holds(&status)?;
+                match (prev, holds) {
+                    (Some(p), None) => {
+                        return fail(format!(
+                            "{} is no slave, but should hold snapshot {p}",
+                            self.mount().display()
+                        ))
+                    }
+                    (None, Some(t)) => {
+                        return fail(format!(
+                            "{} already holds TID {t} before the first send",
+                            self.mount().display()
+                        ))
+                    }
+                    _ => {}
+                }
+                let mut send = Command::new(&self.anvil_bin);
+                send.arg("mirror-read")
+                    .arg(&self.source_mount)
+                    .arg("--since")
+                    .arg(holds.unwrap_or(0).to_string());
+                let mut receive = Command::new(&self.anvil_bin);
+                receive.arg("mirror-write").arg(self.mount());
+                (send, receive)
+            }
+            other => return fail(format!("no mirroring on {other:?}")),
+        };
+        let shown = format!("{} | {}", shown(&send), shown(&receive));
+        Ok(SendReceive {
+            send,
+            receive,
+            shown,
+        })
+    }
+
+    fn copy_command(&self) -> Option<Command> {
+        match self.target.spec.kind {
+            Kind::Anvil | Kind::AnvilZstd => {
+                let mut cmd = Command::new(&self.anvil_bin);
+                cmd.arg("mirror-copy")
+                    .arg(&self.source_mount)
+                    .arg(self.mount());
+                Some(cmd)
+            }
+            _ => None,
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.target.sync()
+    }
+
+    fn used_bytes(&self) -> Result<u64> {
+        self.target.used_bytes()
+    }
+
+    fn io(&self) -> IoCounters {
+        self.target.io()
+    }
+
+    fn snapshot_dir(&self, name: &str, latest: bool) -> Option<PathBuf> {
+        let mnt = self.mount();
+        let mut candidates = Vec::new();
+        match &self.target.spec.kind {
+            Kind::Btrfs | Kind::BtrfsZstd => candidates.push(mnt.join(name)),
+            Kind::ZfsFuse => {
+                let (dataset, ds) = self.dataset()?;
+                candidates.push(mnt.join(&ds).join(".zfs/snapshot").join(name));
+                if latest {
+                    candidates.push(mnt.join(&ds));
+                } else if !candidates[0].is_dir() {
+                    // zfs-fuse shows no .zfs directory: read a clone of the snapshot
+                    // (destroyed with the pool).
+                    let clone = format!("{dataset}-{name}");
+                    let made = run_cmd(
+                        Command::new("zfs")
+                            .arg("clone")
+                            .arg(format!("{dataset}@{name}"))
+                            .arg(&clone),
+                    );
+                    if made.is_ok() {
+                        candidates.push(mnt.join(format!("{ds}-{name}")));
+                    }
+                }
+            }
+            _ => {
+                let rel = self.source_root.strip_prefix(&self.source_mount).ok()?;
+                candidates.push(mnt.join(".snapshots").join(name).join(rel));
+                if latest {
+                    candidates.push(mnt.join(rel));
+                }
+            }
+        }
+        candidates.into_iter().find(|p| p.is_dir())
+    }
+
+    fn teardown(self: Box<Self>) -> Result<()> {
+        self.target.teardown()
+    }
 }
 
 /// The mount options of ANVIL_MOUNT_OPTS that mean something to the library, applied to
@@ -806,6 +1027,37 @@ impl Drop for Target {
 }
 
 impl Probe for Target {
+    fn make_replica(&self, rel: &str) -> Result<Option<Box<dyn Replica>>> {
+        let Some(cfg) = &self.cfg else {
+            return Ok(None);
+        };
+        if self.replica
+            || !matches!(
+                self.spec.kind,
+                Kind::Btrfs | Kind::BtrfsZstd | Kind::ZfsFuse | Kind::Anvil | Kind::AnvilZstd
+            )
+        {
+            return Ok(None);
+        }
+        let spec = TargetSpec {
+            label: format!("{}-recv", self.spec.label),
+            kind: self.spec.kind.clone(),
+        };
+        let source_mount = match &self.mount {
+            Some(m) => m.clone(),
+            None => return fail("the source is not mounted"),
+        };
+        let target = Target::setup_as(&spec, cfg, 0, true)?;
+        Ok(Some(Box::new(TargetReplica {
+            target,
+            source_mount,
+            source_root: self.path_of(rel)?,
+            source_snaps: self.path_of(".snapshots")?,
+            source_dataset: self.zfs_dataset(rel),
+            anvil_bin: cfg.anvil_bin.clone(),
+        })))
+    }
+
     fn drop_caches(&self) -> Result<()> {
         self.sync()?;
         if let Some(fs) = &self.lib {
@@ -891,8 +1143,8 @@ impl Probe for Target {
                     .args(["subvolume", "create"])
                     .arg(&path),
             ),
-            (_, Some(pool)) => {
-                let ds = format!("{pool}/{}", rel.replace('/', "_"));
+            (_, Some(_)) => {
+                let ds = self.zfs_dataset(rel).unwrap_or_default();
                 run_cmd(
                     Command::new("zfs")
                         .arg("create")
@@ -926,8 +1178,8 @@ impl Probe for Target {
                 )?;
                 Ok(true)
             }
-            (_, Some(pool)) => {
-                let ds = format!("{pool}/{}", rel.replace('/', "_"));
+            (_, Some(_)) => {
+                let ds = self.zfs_dataset(rel).unwrap_or_default();
                 run_cmd(
                     Command::new("zfs")
                         .arg("snapshot")
@@ -954,5 +1206,21 @@ impl Probe for Target {
             }
             _ => Ok(false),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirror_status_says_what_a_slave_holds() {
+        let slave =
+            r#"{"committed_tid":4,"last_tid":4,"master":"03","slave":true,"volume_id":"40"}"#;
+        assert_eq!(slave_holds(slave).unwrap(), Some(4));
+        let master = r#"{"committed_tid":9,"slave":false,"volume_id":"40"}"#;
+        assert_eq!(slave_holds(master).unwrap(), None);
+        assert!(slave_holds(r#"{"slave":true}"#).is_err());
+        assert!(slave_holds("mirror-status: no such file").is_err());
     }
 }

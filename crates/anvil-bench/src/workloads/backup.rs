@@ -31,6 +31,12 @@
 //! system's used bytes after the day (after a sync, outside the timing) minus
 //! the used bytes just before the method's first day.
 //!
+//! With `offsite` set, the snapshot method also makes a second file system of
+//! the same kind (`Probe::make_replica`) and, after each day, outside the
+//! day's timing, sends the day's snapshot to it as the `mirror` workload does
+//! (whole on day 1, incrementally after), recording the send's time, wire
+//! bytes and the receiver's space.
+//!
 //! After each method (outside the timing) the last day's copy is compared
 //! with the source as it was that day, and the day-1 copy with the manifest
 //! (paths, modes, sizes, content hashes) of the day-1 tree: always for
@@ -55,6 +61,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::{Metric, Phase, RunEnv, RunOutput, Series};
 use crate::error::{fail, Context, Result};
+use crate::workloads::mirror::{send_snapshot, Sent};
 use crate::workloads::nightly::{
     cached_tree, check_outside, fnv64, require_tools, run_checked, tree_bytes, CACHE_ROOT, MB,
 };
@@ -91,6 +98,11 @@ pub struct Params {
     /// Where the day-1 tree is cached; empty for the default
     /// `/var/tmp/anvil-bench-src/backup-<hash>`.
     pub source_dir: String,
+    /// Snapshot method: after each day's snapshot, send it to a second file
+    /// system of the same kind (as the `mirror` workload does), outside the
+    /// day's timing, and record the send's time and bytes.
+    #[serde(default)]
+    pub offsite: bool,
 }
 
 impl Params {
@@ -111,6 +123,7 @@ impl Params {
             seed: 1,
             keep: false,
             source_dir: String::new(),
+            offsite: false,
         }
     }
 
@@ -157,14 +170,14 @@ impl Params {
         self.methods().map(|_| ())
     }
 
-    fn generator_key(&self) -> String {
+    pub(crate) fn generator_key(&self) -> String {
         format!(
             "backup v{GENERATOR_VERSION} tree_mb={} files={} random_pct={} seed={}",
             self.tree_mb, self.files, self.random_pct, self.seed
         )
     }
 
-    fn cache_dir(&self) -> PathBuf {
+    pub(crate) fn cache_dir(&self) -> PathBuf {
         if self.source_dir.is_empty() {
             PathBuf::from(format!(
                 "{CACHE_ROOT}/backup-{:016x}",
@@ -444,7 +457,7 @@ pub struct Changes {
 }
 
 impl Changes {
-    fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.modified + self.added + self.deleted + self.renamed + self.appended
     }
 }
@@ -612,7 +625,7 @@ pub fn manifest(root: &Path) -> Result<Manifest> {
 
 /// Compares a copy with the manifest it should have; the error names the
 /// first difference.
-fn verify(what: &str, copy: &Path, want: &Manifest) -> Result<()> {
+pub(crate) fn verify(what: &str, copy: &Path, want: &Manifest) -> Result<()> {
     let got = manifest(copy)?;
     if got == *want {
         return Ok(());
@@ -624,7 +637,7 @@ fn verify(what: &str, copy: &Path, want: &Manifest) -> Result<()> {
         .find(|(k, v)| got.get(*k).is_some_and(|g| g != *v))
         .map(|(k, _)| k);
     fail(format!(
-        "backup: {what} ({}) differs from the source: {} files instead of {}{}{}{}",
+        "{what} ({}) differs from the source: {} files instead of {}{}{}{}",
         copy.display(),
         got.len(),
         want.len(),
@@ -638,10 +651,10 @@ fn verify(what: &str, copy: &Path, want: &Manifest) -> Result<()> {
 // The run.
 
 /// The private working copy of the source, removed when dropped.
-struct DayState(PathBuf);
+pub(crate) struct DayState(pub(crate) PathBuf);
 
 impl DayState {
-    fn fresh(cache: &Path, tree: &Path) -> Result<DayState> {
+    pub(crate) fn fresh(cache: &Path, tree: &Path) -> Result<DayState> {
         // Remove working copies left by runs that died.
         if let Ok(rd) = fs::read_dir(cache) {
             for e in rd.flatten() {
@@ -676,6 +689,8 @@ struct Day {
     phase: Phase,
     used: u64,
     changes: Changes,
+    /// The off-site send of the day's snapshot and the receiver's growth.
+    offsite: Option<(Sent, u64)>,
 }
 
 enum Outcome {
@@ -687,7 +702,7 @@ fn with_slash(p: &Path) -> String {
     format!("{}/", p.display())
 }
 
-fn rsync(args: &[&str], src: &Path, dst: &Path) -> Result<()> {
+pub(crate) fn rsync(args: &[&str], src: &Path, dst: &Path) -> Result<()> {
     run_checked(
         Command::new("rsync")
             .args(args)
@@ -749,6 +764,28 @@ fn run_method(c: &mut Ctx, method: &str) -> Result<Outcome> {
         fs::create_dir(&snap).ctx(|| format!("mkdir {}", snap.display()))?;
         env.probe.make_snapshot_root("snap/current")?;
     }
+    let replica = match method == "snapshot" && p.offsite {
+        true => {
+            env.progress
+                .set_message("backup: making the off-site receiver");
+            let r = env.probe.make_replica("snap/current")?;
+            if r.is_none() {
+                c.notes.push(format!(
+                    "offsite: unsupported on {} ({})",
+                    env.fs_label, env.fs_type
+                ));
+            }
+            r
+        }
+        false => None,
+    };
+    let replica_base = match &replica {
+        Some(r) => {
+            r.sync()?;
+            r.used_bytes()?
+        }
+        None => 0,
+    };
     env.probe.drop_caches()?;
     let base = used(env)?;
     let mut days = Vec::new();
@@ -790,10 +827,22 @@ fn run_method(c: &mut Ctx, method: &str) -> Result<Outcome> {
         let grown = now.saturating_sub(base);
         phase.logical_bytes = Some(logical);
         phase.physical_bytes = Some(grown);
+        let offsite = match &replica {
+            Some(r) => {
+                r.sync()?;
+                let prev = (day > 1).then(|| format!("day-{:02}", day - 1));
+                let sent = send_snapshot(env, r.as_ref(), &name, prev.as_deref(), false)?;
+                r.sync()?;
+                let held = r.used_bytes()?.saturating_sub(replica_base);
+                Some((sent, held))
+            }
+            None => None,
+        };
         days.push(Day {
             phase,
             used: grown,
             changes,
+            offsite,
         });
         env.progress.inc(1);
     }
@@ -813,6 +862,23 @@ fn run_method(c: &mut Ctx, method: &str) -> Result<Outcome> {
         }
     } else {
         verify("snap/current", &current, &last)?;
+        if let Some(r) = replica {
+            let name = format!("day-{:02}", p.days);
+            match r.snapshot_dir(&name, true) {
+                Some(path) => {
+                    verify("the off-site copy of the last day", &path, &last)?;
+                    c.notes.push(format!(
+                        "offsite: {name} on the receiver ({}) verified",
+                        path.display()
+                    ));
+                }
+                None => c.notes.push(format!(
+                    "offsite: {name} on the receiver not verified (path unknown on {})",
+                    env.fs_type
+                )),
+            }
+            r.teardown()?;
+        }
         match day1_snapshot_path(env, dir) {
             Some(path) => {
                 verify("the day-01 snapshot", &path, c.day1)?;
@@ -890,6 +956,40 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
             .push(Metric::lower(format!("{m}_mean_day_s"), "s", mean));
         out.metrics
             .push(Metric::lower(format!("{m}_final_used_mb"), "MB", final_mb));
+        let sent: Vec<(&Sent, u64)> = days
+            .iter()
+            .filter_map(|d| d.offsite.as_ref().map(|(s, u)| (s, *u)))
+            .collect();
+        if let Some(((first, _), (_, held))) = sent.first().zip(sent.last()) {
+            out.metrics
+                .push(Metric::lower("offsite_full_s", "s", first.wall_s));
+            let incr: Vec<f64> = sent.iter().skip(1).map(|(s, _)| s.wall_s).collect();
+            if !incr.is_empty() {
+                out.metrics.push(Metric::lower(
+                    "offsite_incr_median_s",
+                    "s",
+                    crate::results::median(&incr),
+                ));
+            }
+            let wire: u64 = sent.iter().map(|(s, _)| s.wire_bytes).sum();
+            out.metrics.push(Metric::lower(
+                "offsite_wire_total_mb",
+                "MB",
+                wire as f64 / MB,
+            ));
+            out.metrics
+                .push(Metric::lower("offsite_used_mb", "MB", *held as f64 / MB));
+            out.series.push(Series {
+                name: "offsite_wire_mb".into(),
+                x_label: "day".into(),
+                y_label: "MB on the wire".into(),
+                points: sent
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (s, _))| ((i + 1) as f64, s.wire_bytes as f64 / MB))
+                    .collect(),
+            });
+        }
         out.series.push(Series {
             name: format!("{m}_used_mb"),
             x_label: "day".into(),
@@ -917,6 +1017,9 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
                 "supported": true,
                 "mean_incremental_day_s": mean_incr,
                 "used_bytes": days.iter().map(|d| d.used).collect::<Vec<_>>(),
+                "offsite": days.iter().filter_map(|d| d.offsite.as_ref()).map(|(s, used)| {
+                    serde_json::json!({"sent": s, "receiver_used_bytes": used})
+                }).collect::<Vec<_>>(),
             }),
         );
     }
@@ -1005,6 +1108,20 @@ fn text_report(
             total / days.len().max(1) as f64,
             days.last().map_or(0.0, |d| d.used as f64 / MB)
         );
+        let sent: Vec<&(Sent, u64)> = days.iter().filter_map(|d| d.offsite.as_ref()).collect();
+        if let Some((first, _)) = sent.first() {
+            let incr: Vec<f64> = sent.iter().skip(1).map(|(s, _)| s.wall_s).collect();
+            let _ = writeln!(
+                s,
+                "{m} off-site: full send {:.3} s and {:.1} MB, incremental median {} s, {:.1} MB on the wire in all, receiver used {:.1} MB ({})",
+                first.wall_s,
+                first.wire_bytes as f64 / MB,
+                if incr.is_empty() { "-".to_string() } else { format!("{:.3}", crate::results::median(&incr)) },
+                sent.iter().map(|(s, _)| s.wire_bytes).sum::<u64>() as f64 / MB,
+                sent.last().map_or(0.0, |(_, u)| *u as f64 / MB),
+                first.command
+            );
+        }
     }
     s
 }
@@ -1116,6 +1233,26 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with("day-state"))
             .collect();
         assert!(left.is_empty());
+    }
+
+    #[test]
+    fn backup_offsite_without_snapshots_is_noted() {
+        let cache = tempfile::TempDir::new().unwrap();
+        let work = tempfile::TempDir::new().unwrap();
+        let p = Params {
+            methods: "snapshot".into(),
+            offsite: true,
+            ..tiny(cache.path())
+        };
+        let out = with_env(work.path(), |env| run(&p, env)).unwrap();
+        let notes = out.extra["notes"].to_string();
+        assert!(notes.contains("offsite: unsupported"), "{notes}");
+        assert!(!out.metrics.iter().any(|m| m.name.starts_with("offsite")));
+        // Older results have no `offsite`: it reads as false.
+        let mut v = serde_json::to_value(Params::for_tier(Tier::Tiny)).unwrap();
+        v.as_object_mut().unwrap().remove("offsite");
+        let old: Params = serde_json::from_value(v).unwrap();
+        assert!(!old.offsite);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod backup;
 pub mod blogbench;
 pub mod iozone;
 pub mod metadata;
+pub mod mirror;
 pub mod nightly;
 pub mod proxy;
 
@@ -69,6 +70,7 @@ pub const NAMES: &[&str] = &[
     "proxy-cache",
     "nightly-build",
     "backup",
+    "mirror",
 ];
 
 /// `key=value` overrides of workload parameters.
@@ -83,6 +85,7 @@ pub fn by_name(name: &str, tier: Tier, overrides: &Overrides) -> Result<Box<dyn 
         "proxy-cache" => proxy::workload(tier, overrides),
         "nightly-build" => nightly::workload(tier, overrides),
         "backup" => backup::workload(tier, overrides),
+        "mirror" => mirror::workload(tier, overrides),
         _ => fail(format!(
             "unknown workload '{name}' (known: {})",
             NAMES.join(", ")
