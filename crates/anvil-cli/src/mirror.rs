@@ -184,7 +184,12 @@ fn daemon_job(
 ) -> Result<MirrorReport, String> {
     let fifo = Fifo::new()?;
     let path = fifo.path.clone();
-    let pumping = std::thread::spawn(move || pump(path));
+    let (pumped, pump_done) = std::sync::mpsc::channel::<()>();
+    let pumping = std::thread::spawn(move || {
+        let moved = pump(path);
+        let _ = pumped.send(());
+        moved
+    });
     let value = value(&fifo.path);
     // One job at a time per daemon: wait a while for one that is ending (the job of a copy
     // whose connection just broke).
@@ -210,13 +215,14 @@ fn daemon_job(
             let _ = pumping.join();
             return report_from_json(&job["report"]);
         }
-        // While the stream flows, look now and then (for a job that failed before it
-        // opened the FIFO); once it has, the job is about to end: look often.
-        let pause = match pumping.is_finished() {
-            true => Duration::from_millis(1),
-            false => Duration::from_millis(25),
-        };
-        std::thread::sleep(pause);
+        // While the stream flows, wake when it has passed (the job is then about to end:
+        // look often) or now and then (for a job that failed before it opened the FIFO).
+        match pumping.is_finished() {
+            true => std::thread::sleep(Duration::from_millis(1)),
+            false => {
+                let _ = pump_done.recv_timeout(Duration::from_millis(50));
+            }
+        }
     }
 }
 
