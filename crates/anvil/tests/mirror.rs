@@ -518,3 +518,58 @@ fn a_stream_cut_anywhere_leaves_the_slave_as_it_was() {
     assert_same(&master, &slave, held, last_tid(&slave));
     clean(&slave);
 }
+
+/// A well-formed stream that no master writes (TIDs outside its range, the slave's own
+/// mirror record) is refused like a damaged one.
+#[test]
+fn items_outside_the_range_are_refused() {
+    use anvil::format::record::{rtype, Element, Key, Payload};
+    use anvil::format::stream::{Item, StreamHeader, StreamWriter};
+    let (_, master, mut rng) = populated_master(11);
+    let (_, slave) = volume("slave");
+    random_round(&master, &mut rng);
+    mirror(&master, &slave, 0);
+    let state = slave.mirror_state().unwrap().unwrap();
+    let header = StreamHeader {
+        master: state.master,
+        since: state.last_tid,
+        until: state.last_tid + 2,
+        exact: true,
+        next_obj: 100,
+        live_objects: 3,
+        commit_time_ns: 1,
+    };
+    let insert = |obj: u64, rtype: u8, key: u64, create_tid: u64| {
+        Item::Insert(Element {
+            key: Key {
+                obj,
+                rtype,
+                key,
+                create_tid,
+            },
+            delete_tid: 0,
+            payload: Payload::Inline(vec![1; 8]),
+        })
+    };
+    let before = slave_state(&slave);
+    for item in [
+        insert(500, rtype::INODE, 0, state.last_tid),
+        insert(500, rtype::INODE, 0, state.last_tid + 3),
+        insert(0, rtype::CONFIG, 4, state.last_tid + 1),
+        Item::Keep(Key {
+            obj: 500,
+            rtype: rtype::INODE,
+            key: 0,
+            create_tid: state.last_tid + 1,
+        }),
+    ] {
+        let mut writer = StreamWriter::new(Vec::new(), &header).unwrap();
+        writer.push(&item).unwrap();
+        let (bytes, _) = writer.finish(0).unwrap();
+        let err = slave.mirror_write(&mut bytes.as_slice()).unwrap_err();
+        assert!(matches!(err, Error::Stream(_)), "{item:?}: {err}");
+        assert_eq!(slave_state(&slave), before);
+    }
+    assert!(!slave.volume().is_read_only());
+    clean(&slave);
+}

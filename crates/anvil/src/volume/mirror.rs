@@ -357,7 +357,7 @@ impl Volume {
             }
         }
         let mut written = ExtentWriter::new(self);
-        let plan = match self.read_plan(&mut reader, &mut written, &mut report) {
+        let plan = match self.read_plan(&header, &mut reader, &mut written, &mut report) {
             Ok(plan) => plan,
             Err(e) => {
                 written.release();
@@ -414,6 +414,7 @@ impl Volume {
     /// Extents go to the device as they come (into space no commit refers to yet).
     fn read_plan(
         &self,
+        header: &StreamHeader,
         reader: &mut StreamReader<&mut dyn Read>,
         written: &mut ExtentWriter<'_>,
         report: &mut MirrorReport,
@@ -430,6 +431,7 @@ impl Volume {
                 }
             }
             last = item.last_key().or(last);
+            check_item(&item, header)?;
             report.items += 1;
             match item {
                 Item::Skip { lo, hi } => plan.skips.push((lo, hi)),
@@ -823,6 +825,37 @@ fn publish_counts(st: &mut State, sb: &Superblock) {
     st.live_objects = sb.live_objects;
     if st.active.is_empty() {
         st.active.tid = sb.next_tid;
+    }
+}
+
+/// An item whose TIDs do not fit the stream's range, or that names this volume's own
+/// mirror records, is refused (no master writes one).
+fn check_item(item: &Item, header: &StreamHeader) -> Result<()> {
+    let (since, until) = (header.since, header.until);
+    let (key, fits) = match item {
+        Item::Skip { .. } | Item::End { .. } => return Ok(()),
+        Item::Keep(key) => (key, key.create_tid <= since),
+        Item::Delete { key, delete_tid } => (
+            key,
+            key.create_tid <= since && since < *delete_tid && *delete_tid <= until,
+        ),
+        Item::Insert(Element {
+            key, delete_tid, ..
+        })
+        | Item::InsertExtent {
+            key, delete_tid, ..
+        } => (
+            key,
+            since < key.create_tid
+                && key.create_tid <= until
+                && (*delete_tid == 0 || *delete_tid <= until),
+        ),
+    };
+    match fits && !is_state_key(key) {
+        true => Ok(()),
+        false => Err(Error::Stream(format!(
+            "{key:?} does not belong in a stream of TIDs {since}..{until}"
+        ))),
     }
 }
 
