@@ -328,7 +328,7 @@ impl Filesystem {
     }
 
     pub fn set_config_text(&self, key: u64, text: &str) -> Result<()> {
-        if matches!(key, POLICY_KEY | 2 | 4 | 5) {
+        if matches!(key, POLICY_KEY | 2 | 4 | 5 | 6) {
             return Err(Error::Invalid(format!(
                 "configuration key {key} is reserved"
             )));
