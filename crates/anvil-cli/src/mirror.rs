@@ -461,7 +461,7 @@ pub fn copy_once(src: &Endpoint, dst: &Endpoint, via: &str) -> Result<Copied, St
     let mut reader = src
         .command(via, &["mirror-read", &src_path, "--since", &since_text])?
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("{src}: {e}"))?;
     let mut writer = dst
@@ -497,7 +497,17 @@ pub fn copy_once(src: &Endpoint, dst: &Endpoint, via: &str) -> Result<Copied, St
     if broken.is_some() {
         let _ = reader.kill();
     }
-    let read = wait(&mut reader, &format!("mirror-read on {src}"));
+    // Both ends print one summary or error line at most: their pipes cannot fill up.
+    let mut reader_err = String::new();
+    if let Some(mut err) = reader.stderr.take() {
+        let _ = err.read_to_string(&mut reader_err);
+    }
+    let read = wait(&mut reader, &format!("mirror-read on {src}")).map_err(|e| {
+        match reader_err.lines().find_map(|l| l.strip_prefix("anvil: ")) {
+            Some(reason) => format!("{e}: {reason}"),
+            None => e,
+        }
+    });
     let mut writer_err = String::new();
     if let Some(mut err) = writer.stderr.take() {
         let _ = err.read_to_string(&mut writer_err);
@@ -506,7 +516,7 @@ pub fn copy_once(src: &Endpoint, dst: &Endpoint, via: &str) -> Result<Copied, St
     if let Err(e) = written {
         let reason = writer_err
             .lines()
-            .find_map(|l| l.strip_prefix("error: "))
+            .find_map(|l| l.strip_prefix("anvil: "))
             .unwrap_or("");
         return Err(format!("{e}: {reason}"));
     }
