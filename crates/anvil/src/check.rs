@@ -351,13 +351,16 @@ fn check_namespace(volume: &Volume, live: &HashMap<LogicalKey, Element>, report:
 }
 
 /// Every live PATCH lies over the live DATA record of its chunk, written no later than the
-/// patch, and covers only bytes that chunk holds.
+/// patch, with a payload that fits its bitmap; a patch whose last page is short ends at or
+/// past the end of the chunk it applies to (the writer cuts pages short only there).
 fn check_patches(live: &HashMap<LogicalKey, Element>, report: &mut Report) {
     use crate::format::record::{patch, DATA_CHUNK_BYTES};
     let logical_len = |element: &Element| match &element.payload {
         Payload::Inline(bytes) => bytes.len(),
         Payload::Extent(extent) => extent.logical_bytes as usize,
     };
+    // Patches by chunk (its DATA key), each as (create_tid, bitmap, payload length, where).
+    let mut by_chunk: HashMap<LogicalKey, Vec<(u64, u16, usize, String)>> = HashMap::new();
     for (lk, element) in live {
         if lk.rtype != rtype::PATCH {
             continue;
@@ -385,10 +388,28 @@ fn check_patches(live: &HashMap<LogicalKey, Element>, report: &mut Report) {
         if base.key.create_tid > element.key.create_tid {
             note(report, format!("{at}: patch older than its chunk"));
         }
-        if bitmap == 0
-            || patch::payload_len(bitmap, logical_len(base)) != Some(logical_len(element))
-        {
-            note(report, format!("{at}: patch does not fit its chunk"));
+        by_chunk.entry(data).or_default().push((
+            element.key.create_tid,
+            bitmap,
+            logical_len(element),
+            at,
+        ));
+    }
+    for (data, mut patches) in by_chunk {
+        let mut chunk_len = live.get(&data).map_or(0, logical_len);
+        patches.sort_by_key(|p| p.0);
+        for (_, bitmap, len, at) in patches {
+            let Some(end) = patch::end(bitmap, len) else {
+                note(report, format!("{at}: patch does not fit its bitmap"));
+                continue;
+            };
+            if end % patch::PAGE_BYTES as usize != 0 && end < chunk_len {
+                note(
+                    report,
+                    format!("{at}: patch ends inside its chunk of {chunk_len} bytes"),
+                );
+            }
+            chunk_len = chunk_len.max(end);
         }
     }
 }

@@ -11,6 +11,9 @@
 //!   from a writer that was never closed: after the three commits, changes that only the
 //!   redo log holds (a new directory and file, a small write that the log holds as a
 //!   splice, a rename and a delete). Its manifest adds the state recovery must rebuild.
+//! - `format-v4-killed`: format version 4 (a PATCH may extend its chunk), taken as
+//!   `format-v3-killed` was, with appends to a stored chunk in two commits and one that
+//!   only the redo log holds.
 //!
 //! Each later format change adds its own pair. To write one with the current build:
 //! `ANVIL_WRITE_FIXTURE=NAME cargo test --release -p anvil --test format_fixture -- --ignored`
@@ -23,7 +26,12 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const FIXTURES: [&str; 3] = ["format-v2-nomap", "format-v2", "format-v3-killed"];
+const FIXTURES: [&str; 4] = [
+    "format-v2-nomap",
+    "format-v2",
+    "format-v3-killed",
+    "format-v4-killed",
+];
 const VOLUME_BYTES: u64 = 16 << 20;
 
 fn fixture_dir() -> PathBuf {
@@ -65,11 +73,14 @@ fn populate(fs: &Filesystem) -> Vec<u64> {
     fs.write_file("/big.bin", &bytes(200_000, 1, 75)).unwrap();
     fs.write_file("/zero.bin", &bytes(131_072, 2, 90)).unwrap();
     fs.symlink(root, 1, b"link", b"docs/a.txt").unwrap();
+    let log = fs.write_file("/log.txt", &bytes(20_000, 4, 40)).unwrap();
     let tid1 = fs.sync().unwrap();
 
     let big = fs.resolve("/big.bin").unwrap();
     fs.write(big, 70_000, &bytes(4096, 3, 0)).unwrap();
     fs.write(a, 15, b"second line\n").unwrap();
+    // Appends to a stored chunk: patches that extend it (format version 4).
+    fs.write(log, 20_000, &bytes(1500, 5, 0)).unwrap();
     fs.rename(docs, b"a.txt", docs, b"b.txt", RenameFlags::default())
         .unwrap();
     fs.link(a, 1, b"hard").unwrap();
@@ -94,6 +105,7 @@ fn populate(fs: &Filesystem) -> Vec<u64> {
     fs.mknod(root, x, b"empty", 0o100600, 0).unwrap();
     let long_target: Vec<u8> = (0..2500).map(|i| b'a' + (i % 26) as u8).collect();
     fs.symlink(root, x, b"long", &long_target).unwrap();
+    fs.write(log, 21_500, &bytes(2600, 6, 20)).unwrap();
     let tid3 = fs.sync().unwrap();
     vec![tid1, tid2, tid3]
 }
@@ -228,6 +240,9 @@ fn unlogged_changes(fs: &Filesystem) {
     fs.write(ino, 100, b"spliced").unwrap();
     fs.rename_path("/docs/b.txt", "/after/b.txt").unwrap();
     fs.remove_path("/deep/x/empty").unwrap();
+    let log = fs.resolve("/log.txt").unwrap();
+    fs.write(log, 24_100, b"a line only the log holds\n")
+        .unwrap();
 }
 
 /// Writes `tests/fixtures/$ANVIL_WRITE_FIXTURE.{img.zst,manifest}` with this build; a name

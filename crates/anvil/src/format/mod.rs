@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use coding::{Reader, Writer};
 
 /// The format version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 /// Allocation unit of the volume.
 pub const BLOCK_BYTES: u64 = 4096;
 /// Size of every B-tree node.

@@ -460,19 +460,23 @@ pub const DATA_CHUNK_BYTES: u64 = 64 * 1024;
 /// File data up to this size is stored inline in the leaf rather than as an extent.
 pub const DATA_INLINE_BYTES_MAX: usize = 2048;
 
-/// PATCH records: small overwrites of a committed chunk, stored without rewriting it.
+/// PATCH records: small writes into a committed chunk, stored without rewriting it.
 ///
-/// A PATCH holds whole 4 KiB pages of one chunk: its key is `chunk index << 16 | bitmap`
-/// (bit p set: page p, bytes `[p * 4096, (p + 1) * 4096)` of the chunk, clipped to the
-/// chunk's length), its payload those pages in ascending order. The chunk as of TID t is
-/// the DATA record visible at t with every PATCH of that chunk visible at t applied in
-/// create_tid order. Patches only ever cover bytes inside their chunk's DATA record: the
-/// operation that replaces or removes the DATA record removes the chunk's patches.
+/// A PATCH holds pages of one chunk: its key is `chunk index << 16 | bitmap` (bit p set:
+/// page p, bytes `[p * 4096, (p + 1) * 4096)` of the chunk), its payload those pages in
+/// ascending order. Every page is whole but the last, which holds 1 to 4096 bytes: the
+/// patch ends at `last page * 4096 + its length` (`end`). Applying a patch to a chunk
+/// shorter than that end first extends the chunk with zeros, so an append to a chunk is a
+/// patch too (format version 4 on; earlier patches never extend their chunk and read the
+/// same under this rule). The chunk as of TID t is the DATA record visible at t with every
+/// PATCH of that chunk visible at t applied in create_tid order. The operation that
+/// replaces or removes the DATA record removes the chunk's patches.
 pub mod patch {
     use super::DATA_CHUNK_BYTES;
 
     pub const PAGE_BYTES: u64 = 4096;
     pub const PAGES: u32 = (DATA_CHUNK_BYTES / PAGE_BYTES) as u32;
+    const PAGE: usize = PAGE_BYTES as usize;
 
     pub fn key(chunk_index: u64, bitmap: u16) -> u64 {
         (chunk_index << 16) | u64::from(bitmap)
@@ -488,30 +492,48 @@ pub mod patch {
         (key(first, 1), key(last, u16::MAX))
     }
 
-    /// The byte range of `page` in a chunk of `chunk_len` bytes, if the page holds any.
-    pub fn page_range(page: u32, chunk_len: usize) -> Option<std::ops::Range<usize>> {
-        let start = (u64::from(page) * PAGE_BYTES) as usize;
-        (start < chunk_len).then(|| start..(start + PAGE_BYTES as usize).min(chunk_len))
+    /// The highest page a bitmap names (None for an empty bitmap).
+    fn last_page(bitmap: u16) -> Option<usize> {
+        (bitmap != 0).then(|| 15 - bitmap.leading_zeros() as usize)
     }
 
-    /// Payload length of a patch with `bitmap` over a chunk of `chunk_len` bytes; None if a
-    /// page lies outside the chunk.
-    pub fn payload_len(bitmap: u16, chunk_len: usize) -> Option<usize> {
-        let mut total = 0;
-        for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
-            total += page_range(page, chunk_len)?.len();
-        }
-        Some(total)
+    /// The byte range of `page` in a patch (or chunk) that ends at byte `end`, if the page
+    /// holds any of it.
+    pub fn page_range(page: u32, end: usize) -> Option<std::ops::Range<usize>> {
+        let start = page as usize * PAGE;
+        (start < end).then(|| start..(start + PAGE).min(end))
     }
 
-    /// Applies one patch to a chunk. False if it does not fit (a corrupt record).
-    pub fn apply(chunk: &mut [u8], bitmap: u16, payload: &[u8]) -> bool {
-        if payload_len(bitmap, chunk.len()) != Some(payload.len()) || bitmap == 0 {
+    /// Where a patch with `bitmap` and a payload of `payload_len` bytes ends in its chunk:
+    /// every page whole but the last, which holds 1 to 4096 bytes. None if no such layout
+    /// exists (a corrupt record).
+    pub fn end(bitmap: u16, payload_len: usize) -> Option<usize> {
+        let last = last_page(bitmap)?;
+        let whole = (bitmap.count_ones() as usize - 1) * PAGE;
+        let last_len = payload_len.checked_sub(whole)?;
+        (1..=PAGE)
+            .contains(&last_len)
+            .then_some(last * PAGE + last_len)
+    }
+
+    /// The end of a patch with `bitmap` cut from a chunk of `chunk_len` bytes: its last
+    /// page clipped to the chunk.
+    pub fn layout_end(bitmap: u16, chunk_len: usize) -> usize {
+        last_page(bitmap).map_or(0, |last| ((last + 1) * PAGE).min(chunk_len))
+    }
+
+    /// Applies one patch to a chunk, extending it with zeros to the patch's end first.
+    /// False if the payload does not fit the bitmap (a corrupt record).
+    pub fn apply(chunk: &mut Vec<u8>, bitmap: u16, payload: &[u8]) -> bool {
+        let Some(end) = end(bitmap, payload.len()) else {
             return false;
+        };
+        if chunk.len() < end {
+            chunk.resize(end, 0);
         }
         let mut at = 0;
         for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
-            if let Some(range) = page_range(page, chunk.len()) {
+            if let Some(range) = page_range(page, end) {
                 let len = range.len();
                 chunk[range].copy_from_slice(&payload[at..at + len]);
                 at += len;
@@ -520,19 +542,23 @@ pub mod patch {
         true
     }
 
-    /// The payload of a patch with `bitmap`, cut from the chunk's current bytes.
+    /// The payload of a patch with `bitmap`, cut from the chunk's current bytes (every
+    /// page of `bitmap` holds some of them).
     pub fn extract(chunk: &[u8], bitmap: u16) -> Vec<u8> {
+        let end = layout_end(bitmap, chunk.len());
         let mut out = Vec::new();
         for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
-            if let Some(range) = page_range(page, chunk.len()) {
+            if let Some(range) = page_range(page, end) {
                 out.extend_from_slice(&chunk[range]);
             }
         }
         out
     }
 
-    /// The payload of a patch with `bitmap` made of `src` written at `at` over an earlier
-    /// patch (`own`, its bitmap and payload), without the chunk: None if some page of
+    /// The payload of a patch with `bitmap` over a chunk that will be `chunk_len` bytes
+    /// long, made of `src` written at `at` over this group's earlier patch of the chunk
+    /// (`own`: its bitmap and payload; the chunk's newest patch, so the chunk ends where it
+    /// does if its last page is short), without reading the chunk: None if some page of
     /// `bitmap` is neither wholly written by `src` nor held by `own`.
     pub fn compose(
         bitmap: u16,
@@ -541,11 +567,12 @@ pub mod patch {
         src: &[u8],
         own: Option<(u16, &[u8])>,
     ) -> Option<Vec<u8>> {
-        let end = at + src.len();
-        let mut out = Vec::with_capacity(bitmap.count_ones() as usize * PAGE_BYTES as usize);
+        let write_end = at + src.len();
+        let end = layout_end(bitmap, chunk_len);
+        let mut out = Vec::with_capacity(bitmap.count_ones() as usize * PAGE);
         for page in (0..PAGES).filter(|p| bitmap & (1 << p) != 0) {
-            let range = page_range(page, chunk_len)?;
-            if range.start >= at && range.end <= end {
+            let range = page_range(page, end)?;
+            if range.start >= at && range.end <= write_end {
                 out.extend_from_slice(&src[range.start - at..range.end - at]);
                 continue;
             }
@@ -553,10 +580,14 @@ pub mod patch {
             if own_bitmap & (1 << page) == 0 {
                 return None;
             }
-            let from = payload_offset(own_bitmap, chunk_len, range.start)?;
-            let mut bytes = own_payload.get(from..from + range.len())?.to_vec();
+            let own_end = self::end(own_bitmap, own_payload.len())?;
+            let from = payload_offset(own_bitmap, own_end, range.start)?;
+            let held = page_range(page, own_end)?.len();
+            let mut bytes = own_payload.get(from..from + held)?.to_vec();
+            // Past the end of the newest patch's short last page the chunk holds nothing.
+            bytes.resize(range.len(), 0);
             let lo = range.start.max(at);
-            let hi = range.end.min(end);
+            let hi = range.end.min(write_end);
             if lo < hi {
                 bytes[lo - range.start..hi - range.start].copy_from_slice(&src[lo - at..hi - at]);
             }
@@ -565,19 +596,20 @@ pub mod patch {
         Some(out)
     }
 
-    /// Where chunk byte `at` lies in the payload of a patch with `bitmap`: the lengths of
-    /// the patch's pages before its page, plus its place in that page. None if its page is
-    /// not in the patch or outside the chunk.
-    pub fn payload_offset(bitmap: u16, chunk_len: usize, at: usize) -> Option<usize> {
-        let page = (at as u64 / PAGE_BYTES) as u32;
+    /// Where chunk byte `at` lies in the payload of a patch with `bitmap` that ends at
+    /// `end`: the lengths of the patch's pages before its page, plus its place in that
+    /// page. None if its page is not in the patch or past its end.
+    pub fn payload_offset(bitmap: u16, end: usize, at: usize) -> Option<usize> {
+        let page = (at / PAGE) as u32;
         if page >= PAGES || bitmap & (1 << page) == 0 {
             return None;
         }
         let mut from = 0;
         for before in (0..page).filter(|p| bitmap & (1 << p) != 0) {
-            from += page_range(before, chunk_len)?.len();
+            from += page_range(before, end)?.len();
         }
-        Some(from + at - page_range(page, chunk_len)?.start)
+        let range = page_range(page, end)?;
+        (at < range.end).then(|| from + at - range.start)
     }
 
     /// The pages a byte range `[from, to)` of a chunk touches.
@@ -643,6 +675,71 @@ mod tests {
             }
         }
         assert!(answered > 200, "compose answered only {answered} times");
+    }
+
+    /// A run of writes into a chunk, past its end too, stored as the writer stores them
+    /// (a group's own patch widened, else a new patch), replays to the written bytes.
+    #[test]
+    fn patches_replay_writes_that_extend_the_chunk() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut composed = 0;
+        for _ in 0..400 {
+            let base_len = rng.gen_range(1..60_000);
+            let base: Vec<u8> = (0..base_len).map(|_| rng.gen()).collect();
+            let mut want = base.clone();
+            let mut stored: Vec<(u16, Vec<u8>)> = Vec::new();
+            let mut own: Option<(u16, Vec<u8>)> = None;
+            for _ in 0..rng.gen_range(1..12) {
+                if rng.gen_bool(0.4) {
+                    stored.extend(own.take());
+                }
+                let at = if rng.gen_bool(0.5) {
+                    want.len().min(65_535) // an append
+                } else {
+                    rng.gen_range(0..(want.len() + 6000).min(65_536))
+                };
+                let end = rng.gen_range(at + 1..=(at + 9000).min(65_536));
+                let src: Vec<u8> = (0..end - at).map(|_| rng.gen()).collect();
+                let new_len = want.len().max(end);
+                want.resize(new_len, 0);
+                want[at..end].copy_from_slice(&src);
+                let own_bits = own.as_ref().map_or(0, |o| o.0);
+                let bitmap = own_bits | patch::pages_of(at as u64, end as u64);
+                let own_ref = own.as_ref().map(|(b, p)| (*b, p.as_slice()));
+                let expected = patch::extract(&want, bitmap);
+                if let Some(payload) = patch::compose(bitmap, new_len, at, &src, own_ref) {
+                    composed += 1;
+                    assert_eq!(payload, expected);
+                }
+                assert_eq!(
+                    patch::end(bitmap, expected.len()),
+                    Some(patch::layout_end(bitmap, new_len))
+                );
+                own = Some((bitmap, expected));
+            }
+            stored.extend(own.take());
+            let mut chunk = base.clone();
+            for (bitmap, payload) in &stored {
+                assert!(patch::apply(&mut chunk, *bitmap, payload));
+            }
+            assert_eq!(chunk, want);
+        }
+        assert!(composed > 100, "compose answered only {composed} times");
+    }
+
+    #[test]
+    fn patch_layouts_that_cannot_be_are_refused() {
+        assert_eq!(patch::end(0, 10), None);
+        assert_eq!(patch::end(0b1, 0), None);
+        assert_eq!(patch::end(0b1, 4097), None);
+        assert_eq!(patch::end(0b11, 4096), None);
+        assert_eq!(patch::end(0b101, 4096 + 10), Some(2 * 4096 + 10));
+        let mut chunk = vec![1u8; 100];
+        assert!(!patch::apply(&mut chunk, 0b1, &[]));
+        assert!(patch::apply(&mut chunk, 0b10, &[7u8; 5]));
+        assert_eq!(chunk.len(), 4096 + 5);
+        assert!(chunk[100..4096].iter().all(|&b| b == 0) && chunk[4096..] == [7u8; 5]);
     }
     use super::*;
 

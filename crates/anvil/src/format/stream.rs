@@ -19,8 +19,10 @@ use std::io::{Read, Write};
 
 /// "AMS1" in little-endian.
 pub const STREAM_MAGIC: u32 = u32::from_le_bytes(*b"AMS1");
-/// Version of the stream format this build writes and reads.
-pub const STREAM_VERSION: u16 = 1;
+/// Version of the stream format this build writes, and the newest it reads. Version 2
+/// streams may carry PATCH records that extend their chunk (format version 4); version 1
+/// streams never do and read the same.
+pub const STREAM_VERSION: u16 = 2;
 /// Bytes of a block header.
 pub const BLOCK_HEADER_BYTES: usize = 40;
 /// Payload bytes of a block before compression, at most.
@@ -239,9 +241,9 @@ impl StreamHeader {
 
     fn decode(r: &mut Reader<'_>) -> Result<StreamHeader> {
         let version = r.u16()?;
-        if version != STREAM_VERSION {
+        if version == 0 || version > STREAM_VERSION {
             return Err(invalid(&format!(
-                "stream format version {version}; this anvil reads version {STREAM_VERSION}"
+                "stream format version {version}; this anvil reads versions 1 to {STREAM_VERSION}"
             )));
         }
         let mut master = [0u8; 16];

@@ -2,7 +2,8 @@
 //! overwrites of a committed chunk (`format::record::patch`).
 //!
 //! A write of a few pages into a chunk that is already on the device stores only those
-//! pages, as a PATCH of the chunk, instead of a new copy of the whole chunk. Reads apply a
+//! pages, as a PATCH of the chunk, instead of a new copy of the whole chunk; so does a
+//! write that extends the chunk (an append to a file whose last chunk is stored). Reads apply a
 //! chunk's patches over it in create_tid order. Patches are bounded per chunk (count and
 //! pages) twice: past the soft bounds the write still stores a patch and asks for the chunk
 //! to be folded in the background (`fold`: the chunk written anew with its patches applied,
@@ -81,7 +82,7 @@ pub(super) fn patches(
 /// Applies patches to a chunk's bytes, oldest first. `patches` holds (key, bytes,
 /// create_tid) of this chunk only.
 pub(crate) fn apply_patches(
-    chunk: &mut [u8],
+    chunk: &mut Vec<u8>,
     patches: &mut [ResolvedPatch],
     obj: u64,
 ) -> Result<()> {
@@ -137,10 +138,19 @@ pub(super) fn drop_patches(tx: &mut Tx<'_>, obj: u64, first: u64, last: u64) -> 
     Ok(())
 }
 
+/// Bytes a value holds.
+fn value_len(value: &Value) -> usize {
+    match value {
+        Value::Bytes(bytes) => bytes.len(),
+        Value::Extent(extent) => extent.logical_bytes as usize,
+    }
+}
+
 /// Writes `src` at byte `at` of chunk `index` as a patch, if the chunk is committed as an
-/// extent, the write overwrites bytes it holds (below `valid`, the file's end inside the
-/// chunk) and the chunk's patch bounds allow it. Returns false when the caller must rewrite
-/// the chunk instead.
+/// extent and the chunk's patch bounds allow it. The write may extend the chunk when the
+/// chunk holds nothing past the file's end (`valid`, the file's end inside the chunk);
+/// otherwise it must end at or before `valid`. Returns `Patched::No` when the caller must
+/// rewrite the chunk instead.
 pub(super) fn try_patch(
     tx: &mut Tx<'_>,
     obj: u64,
@@ -155,15 +165,33 @@ pub(super) fn try_patch(
     if tx.is_pending_active(&lk) {
         return Ok(Patched::No); // the chunk is in memory anyway and commits once
     }
-    let chunk_len = match tx.get(lk)? {
+    let data_len = match tx.get(lk)? {
         Some(Value::Extent(extent)) => extent.logical_bytes as usize,
         _ => return Ok(Patched::No), // a hole, or inline bytes: rewriting costs little
     };
+    let live = patches(tx, obj, index, index)?;
+    // The chunk's length now: its DATA record extended by any patch that ends past it.
+    let mut chunk_len = data_len;
+    for (key, value, _) in &live {
+        let bitmap = patch::split(*key).1;
+        let Some(end) = patch::end(bitmap, value_len(value)) else {
+            return Err(Stop::Fail(Error::corrupt(
+                format!("patch {bitmap:#06x} of {} bytes", value_len(value)),
+                format!("object {obj} at file offset {}", index * DATA_CHUNK_BYTES),
+            )));
+        };
+        chunk_len = chunk_len.max(end);
+    }
     let end = at + src.len();
-    if end > chunk_len || end as u64 > valid {
+    let fits = if end > chunk_len {
+        chunk_len as u64 <= valid // nothing stale past the file's end to leave behind
+    } else {
+        end as u64 <= valid
+    };
+    if !fits {
         return Ok(Patched::No);
     }
-    let live = patches(tx, obj, index, index)?;
+    let chunk_len = chunk_len.max(end);
     // This group's own patch of the chunk, if any, is widened instead of adding another.
     let mut own = None;
     let mut own_payload = None;
@@ -199,6 +227,7 @@ pub(super) fn try_patch(
                 return Ok(Patched::No);
             };
             let mut current = current.to_vec();
+            current.resize(chunk_len, 0);
             current[at..end].copy_from_slice(src);
             patch::extract(&current, bitmap)
         }
@@ -210,10 +239,11 @@ pub(super) fn try_patch(
     }
     let lk = patch_lk(obj, key);
     // Rewriting bytes of this group's own patch, pages unchanged: the log needs only them.
+    let layout_end = patch::layout_end(bitmap, chunk_len);
     let spliced = own.filter(|&old| old == key).and(own_payload.as_ref()).zip(
-        patch::payload_offset(bitmap, chunk_len, at).zip(patch::payload_offset(
+        patch::payload_offset(bitmap, layout_end, at).zip(patch::payload_offset(
             bitmap,
-            chunk_len,
+            layout_end,
             end - 1,
         )),
     );
