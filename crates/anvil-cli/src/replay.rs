@@ -10,14 +10,63 @@
 //! are the image without it, which must open and check clean like any other.)
 //!
 //! The images live in memory as copy-on-write pages (`anvil::device::Pages`): a crash state
-//! copies only the pages its writes touch, and states are checked on every CPU.
+//! copies only the pages its writes touch, and states are checked on every CPU. Most of a
+//! state's extents lie on pages it shares with states checked before, so an extent that
+//! verified clean is remembered with the pages it was read from (`Verified`), and a state
+//! holding those very pages under it skips reading, verifying and decoding it again (its
+//! space is still accounted for): the same check, without repeating identical work.
 
-use anvil::device::{Device, LogReader, LogRecord, MemDevice, Pages};
+use anvil::check::KnownExtents;
+use anvil::device::{Device, LogReader, LogRecord, MemDevice, PageSpan, Pages};
+use anvil::format::record::ExtentRef;
 use anvil::{Filesystem, MountOptions};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// Remembered extents at most; past it the memory starts over (it only saves work).
+const VERIFIED_MAX: usize = 500_000;
+
+/// Extents that verified clean in some crash state, with the pages they were read from.
+#[derive(Default)]
+struct Verified(RwLock<HashMap<ExtentRef, PageSpan>>);
+
+/// `Verified` as seen from one crash state's image.
+struct KnownIn<'a> {
+    verified: &'a Verified,
+    image: &'a Pages,
+}
+
+impl KnownExtents for KnownIn<'_> {
+    fn verified(&self, extent: &ExtentRef) -> bool {
+        let Some(span) = self.image.span(extent.offset, extent.stored_bytes as usize) else {
+            return false;
+        };
+        let map = self
+            .verified
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.get(extent) == Some(&span)
+    }
+
+    fn record(&self, extent: &ExtentRef) {
+        let Some(span) = self.image.span(extent.offset, extent.stored_bytes as usize) else {
+            return;
+        };
+        let mut map = self
+            .verified
+            .0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= VERIFIED_MAX {
+            map.clear();
+        }
+        map.insert(*extent, span);
+    }
+}
 
 /// Reads an image file into pages (all-zero stretches stay shared zero pages).
 fn load_image(path: &Path) -> Result<Pages, String> {
@@ -41,7 +90,8 @@ fn load_image(path: &Path) -> Result<Pages, String> {
 }
 
 /// Opens the image as it stands and checks it; None when clean.
-fn verify(image: Pages) -> Option<String> {
+fn verify(image: Pages, verified: &Verified) -> Option<String> {
+    let pages = image.clone();
     let options = MountOptions {
         read_only: true,
         commit_interval_ms: 0,
@@ -52,7 +102,11 @@ fn verify(image: Pages) -> Option<String> {
         Ok(fs) => fs,
         Err(e) => return Some(format!("does not mount: {e}")),
     };
-    match anvil::check::check(fs.volume()) {
+    let known = KnownIn {
+        verified,
+        image: &pages,
+    };
+    match anvil::check::check_with(fs.volume(), Some(&known)) {
         Ok(report) if report.is_clean() => None,
         Ok(report) => Some(report.problems.join("; ")),
         Err(e) => Some(format!("check failed: {e}")),
@@ -101,9 +155,9 @@ struct Finding {
     problem: Option<String>,
 }
 
-fn run_job(job: Job) -> Option<String> {
+fn run_job(job: Job, verified: &Verified) -> Option<String> {
     match job {
-        Job::Flush { image } | Job::Killed { image } => verify(image),
+        Job::Flush { image } | Job::Killed { image } => verify(image, verified),
         Job::Reordered {
             mut durable,
             pending,
@@ -124,7 +178,7 @@ fn run_job(job: Job) -> Option<String> {
                 }
                 durable.write(&data[..len], *offset);
             }
-            verify(durable)
+            verify(durable, verified)
                 .map(|p| format!("{keep} of {} writes in random order: {p}", pending.len()))
         }
     }
@@ -149,6 +203,7 @@ pub fn replay_check(base: &Path, log: &Path, options: &ReplayOptions) -> Result<
     // Writes since the last flush.
     let mut pending: Vec<(u64, Vec<u8>)> = Vec::new();
     let findings: Mutex<Vec<Finding>> = Mutex::new(Vec::new());
+    let verified = Verified::default();
     let threads = options.threads.max(1);
     let (sender, receiver) = mpsc::sync_channel::<(u64, String, Job)>(threads * 4);
     let receiver = Mutex::new(receiver);
@@ -163,7 +218,7 @@ pub fn replay_check(base: &Path, log: &Path, options: &ReplayOptions) -> Result<
                 else {
                     return;
                 };
-                let problem = run_job(job);
+                let problem = run_job(job, &verified);
                 let mut findings = findings.lock().unwrap_or_else(PoisonError::into_inner);
                 findings.push(Finding {
                     order,
@@ -266,4 +321,67 @@ pub fn replay_check(base: &Path, log: &Path, options: &ReplayOptions) -> Result<
     );
     let _ = std::io::stdout().flush();
     Ok(if violations == 0 { 0 } else { 3 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(offset: u64, stored_bytes: u32) -> ExtentRef {
+        ExtentRef {
+            offset,
+            stored_bytes,
+            logical_bytes: stored_bytes,
+            checksum: 7,
+            compression: 0,
+        }
+    }
+
+    /// An extent counts as verified only while the very pages it was read from lie under
+    /// it: a write to one of them, in place or copied, makes it be read again.
+    #[test]
+    fn verified_extents_are_tied_to_their_pages() {
+        const PAGE: u64 = 64 << 10; // `Pages` holds 64 KiB pages
+        let verified = Verified::default();
+        let mut first = Pages::zeroed(8 * PAGE as usize);
+        first.write(&vec![1u8; 2 * PAGE as usize], PAGE);
+        let e = extent(PAGE + 4096, 90_000); // on pages 1 and 2
+        let elsewhere = extent(5 * PAGE, 4096);
+        let known = KnownIn {
+            verified: &verified,
+            image: &first,
+        };
+        assert!(!known.verified(&e));
+        known.record(&e);
+        assert!(known.verified(&e));
+        assert!(!known.verified(&elsewhere));
+        let moved = extent(PAGE + 4096, 90_001);
+        assert!(!known.verified(&moved), "another extent at the same place");
+
+        // A later state sharing the pages; a write beside the extent changes nothing.
+        let mut later = first.clone();
+        later.write(&[2u8; 100], 4 * PAGE);
+        let known = KnownIn {
+            verified: &verified,
+            image: &later,
+        };
+        assert!(known.verified(&e));
+        // One byte under the extent, on its last page: read it again.
+        let mut torn = later.clone();
+        torn.write(&[9u8], PAGE + 4096 + 89_999);
+        let known = KnownIn {
+            verified: &verified,
+            image: &torn,
+        };
+        assert!(!known.verified(&e));
+        // The same bytes written again are still other pages: read again, to be safe.
+        drop(first);
+        let mut rewritten = later.clone();
+        rewritten.write(&[1u8; 4096], PAGE);
+        let known = KnownIn {
+            verified: &verified,
+            image: &rewritten,
+        };
+        assert!(!known.verified(&e));
+    }
 }

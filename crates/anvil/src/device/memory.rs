@@ -86,6 +86,16 @@ impl Pages {
         }
     }
 
+    /// The pages under `[offset, offset + len)`, None if the range does not lie inside.
+    pub fn span(&self, offset: u64, len: usize) -> Option<PageSpan> {
+        if !self.contains(offset, len) || len == 0 {
+            return None;
+        }
+        let first = offset as usize / PAGE_BYTES;
+        let last = (offset as usize + len - 1) / PAGE_BYTES;
+        Some(PageSpan(self.pages[first..=last].to_vec()))
+    }
+
     pub fn resize(&mut self, len: usize) {
         if len < self.len {
             // Bytes past the new end read as zeros if the pages grow back.
@@ -101,6 +111,22 @@ impl Pages {
         self.len = len;
     }
 }
+
+/// The pages under a byte range of a `Pages`, held. Two spans are equal when they hold the
+/// very same pages, and then the bytes under them are equal: a page is never changed in
+/// place while a span holds it (a write copies a shared page first), and a held page is
+/// never freed, so its address cannot come back as another page. Callers that check many
+/// images sharing pages use this to skip bytes they have verified before.
+#[derive(Clone)]
+pub struct PageSpan(Vec<Arc<Vec<u8>>>);
+
+impl PartialEq for PageSpan {
+    fn eq(&self, other: &PageSpan) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
+impl Eq for PageSpan {}
 
 #[derive(Default)]
 pub struct MemDevice {

@@ -13,7 +13,7 @@ pub use crash::{CrashDevice, CrashMode};
 pub use fault::{Fault, FaultDevice};
 pub use file::{FileDevice, IoMode};
 pub use log::{LogDevice, LogReader, LogRecord};
-pub use memory::{MemDevice, Pages};
+pub use memory::{MemDevice, PageSpan, Pages};
 
 use std::io;
 
