@@ -8,6 +8,9 @@
 # violation is printed with its place and makes the script fail. Needs root and /dev/fuse.
 #
 #   sudo scripts/replay-explore.sh [REORDER] [FSX_OPS]     (defaults 100 and 20000)
+#
+# REPLAY_SIZE sets the volume's size (default 256M; history fills it within 10,000-20,000
+# fsx operations, so longer runs need more), SEED the seed of the reordered subsets.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,7 +23,7 @@ ANVIL="$ROOT/target/release/anvil"
 WORK="$(mktemp -d "${TMPDIR:-/var/tmp}/anvil-replay-explore.XXXXXX")"
 trap 'umount "$WORK/mnt" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 mkdir "$WORK/mnt"
-"$ANVIL" mkfs "$WORK/vol.img" --size 256M >/dev/null
+"$ANVIL" mkfs "$WORK/vol.img" --size "${REPLAY_SIZE:-256M}" >/dev/null
 cp --sparse=always "$WORK/vol.img" "$WORK/base.img"
 "$ANVIL" mount "$WORK/vol.img" "$WORK/mnt" --device-log "$WORK/device.log" \
     ${ANVIL_MOUNT_OPTS:+-o "$ANVIL_MOUNT_OPTS"}

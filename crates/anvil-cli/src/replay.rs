@@ -41,15 +41,15 @@ struct KnownIn<'a> {
 
 impl KnownExtents for KnownIn<'_> {
     fn verified(&self, extent: &ExtentRef) -> bool {
-        let Some(span) = self.image.span(extent.offset, extent.stored_bytes as usize) else {
-            return false;
-        };
         let map = self
             .verified
             .0
             .read()
             .unwrap_or_else(PoisonError::into_inner);
-        map.get(extent) == Some(&span)
+        map.get(extent).is_some_and(|span| {
+            self.image
+                .holds(extent.offset, extent.stored_bytes as usize, span)
+        })
     }
 
     fn record(&self, extent: &ExtentRef) {

@@ -96,6 +96,18 @@ impl Pages {
         Some(PageSpan(self.pages[first..=last].to_vec()))
     }
 
+    /// Whether the pages under `[offset, offset + len)` are the very pages `span` holds
+    /// (compared without taking hold of them).
+    pub fn holds(&self, offset: u64, len: usize, span: &PageSpan) -> bool {
+        if !self.contains(offset, len) || len == 0 {
+            return false;
+        }
+        let first = offset as usize / PAGE_BYTES;
+        let last = (offset as usize + len - 1) / PAGE_BYTES;
+        let ours = &self.pages[first..=last];
+        ours.len() == span.0.len() && ours.iter().zip(&span.0).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
     pub fn resize(&mut self, len: usize) {
         if len < self.len {
             // Bytes past the new end read as zeros if the pages grow back.

@@ -10,7 +10,7 @@ pub mod spacemap;
 pub mod stream;
 pub mod superblock;
 
-use crate::checksum::checksum;
+use crate::checksum::{checksum, checksum_parts};
 use crate::error::{Error, Result};
 use coding::{Reader, Writer};
 
@@ -144,9 +144,14 @@ pub fn open_block<'a>(bytes: &'a [u8], expect: &Expect<'_>) -> Result<(BlockHead
             location,
         ));
     }
-    let mut scratch = bytes[..HEADER_BYTES + payload_bytes as usize].to_vec();
-    scratch[CHECKSUM_AT..CHECKSUM_AT + 8].fill(0);
-    if checksum(&scratch) != stored_sum {
+    // The checksum covers the block with its own field zeroed.
+    let end = HEADER_BYTES + payload_bytes as usize;
+    let parts = [
+        &bytes[..CHECKSUM_AT],
+        &[0u8; 8],
+        &bytes[CHECKSUM_AT + 8..end],
+    ];
+    if checksum_parts(&parts) != stored_sum {
         return Err(Error::corrupt("checksum mismatch", location));
     }
     if version == 0 {
