@@ -185,6 +185,10 @@ impl Element {
             Payload::Inline(bytes) => {
                 debug_assert!(bytes.len() <= INLINE_BYTES_MAX);
                 w.u8(0);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "inline payloads are at most INLINE_BYTES_MAX (3 KiB), asserted above"
+                )]
                 w.u16(bytes.len() as u16);
                 w.raw(bytes);
             }
@@ -259,12 +263,16 @@ impl Timestamp {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         Timestamp {
-            sec: d.as_secs() as i64,
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             nsec: d.subsec_nanos(),
         }
     }
     pub fn as_ns(&self) -> u64 {
-        (self.sec.max(0) as u64).saturating_mul(1_000_000_000) + self.nsec as u64
+        // Before the epoch reads as the epoch.
+        u64::try_from(self.sec)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000_000)
+            + u64::from(self.nsec)
     }
     fn encode(&self, w: &mut Writer) {
         w.i64(self.sec);
@@ -320,7 +328,8 @@ impl Inode {
     pub fn codec_setting(&self) -> Option<u8> {
         match (self.flags & inode_flags::CODEC_MASK) >> inode_flags::CODEC_SHIFT {
             0 => None,
-            stored => Some(stored as u8 - 1),
+            // CODEC_MASK is four bits wide, so this always fits.
+            stored => u8::try_from(stored - 1).ok(),
         }
     }
 
@@ -395,6 +404,11 @@ impl Dirent {
         let mut w = Writer::with_capacity(16 + self.name.len());
         w.u64(self.child);
         w.u32(self.kind);
+        debug_assert!(!self.name.is_empty() && self.name.len() <= NAME_BYTES_MAX);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "names are at most NAME_BYTES_MAX (255) bytes, asserted above"
+        )]
         w.u16(self.name.len() as u16);
         w.raw(&self.name);
         w.bytes
@@ -429,8 +443,18 @@ pub const XATTR_VALUE_BYTES_MAX: usize = INLINE_BYTES_MAX - NAME_BYTES_MAX - 8;
 impl Xattr {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(4 + self.name.len() + self.value.len());
+        debug_assert!(self.name.len() <= NAME_BYTES_MAX);
+        debug_assert!(self.value.len() <= XATTR_VALUE_BYTES_MAX);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "names are at most NAME_BYTES_MAX (255) bytes, asserted above"
+        )]
         w.u16(self.name.len() as u16);
         w.raw(&self.name);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "values are at most XATTR_VALUE_BYTES_MAX (under 3 KiB), asserted above"
+        )]
         w.u16(self.value.len() as u16);
         w.raw(&self.value);
         w.bytes
