@@ -499,8 +499,11 @@ pub mod patch {
     use super::DATA_CHUNK_BYTES;
 
     pub const PAGE_BYTES: u64 = 4096;
-    pub const PAGES: u32 = (DATA_CHUNK_BYTES / PAGE_BYTES) as u32;
-    const PAGE: usize = PAGE_BYTES as usize;
+    pub const PAGES: u32 = 16;
+    /// `PAGE_BYTES` as a length in memory.
+    pub(crate) const PAGE: usize = 4096;
+    const _: () = assert!(PAGES as u64 * PAGE_BYTES == DATA_CHUNK_BYTES);
+    const _: () = assert!(PAGE as u64 == PAGE_BYTES);
 
     pub fn key(chunk_index: u64, bitmap: u16) -> u64 {
         (chunk_index << 16) | u64::from(bitmap)
@@ -624,7 +627,7 @@ pub mod patch {
     /// `end`: the lengths of the patch's pages before its page, plus its place in that
     /// page. None if its page is not in the patch or past its end.
     pub fn payload_offset(bitmap: u16, end: usize, at: usize) -> Option<usize> {
-        let page = (at / PAGE) as u32;
+        let page = u32::try_from(at / PAGE).ok()?;
         if page >= PAGES || bitmap & (1 << page) == 0 {
             return None;
         }

@@ -1079,8 +1079,16 @@ impl Filesystem {
                 let chunk_start = index * DATA_CHUNK_BYTES;
                 let from = offset.max(chunk_start);
                 let to = end.min(chunk_start + DATA_CHUNK_BYTES);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "from..to lies inside offset..end, and end - offset is data.len()"
+                )]
                 let src = &data[(from - offset) as usize..(to - offset) as usize];
                 let lk = chunk_key(ino, index);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "from lies in the chunk, so this is below DATA_CHUNK_BYTES (64 KiB)"
+                )]
                 let at = (from - chunk_start) as usize;
                 let valid = inode.size.saturating_sub(chunk_start);
                 let whole = at == 0 && src.len() as u64 == DATA_CHUNK_BYTES;
@@ -1108,10 +1116,8 @@ impl Filesystem {
                 let existing = chunk::chunk_bytes(tx, ino, index)?;
                 let mut chunk = existing.as_ref().map_or_else(Vec::new, |e| e.to_vec());
                 // Bytes past the old end of file inside this chunk are a hole: zeros.
-                let valid = inode
-                    .size
-                    .saturating_sub(chunk_start)
-                    .min(chunk.len() as u64) as usize;
+                let valid = usize::try_from(inode.size.saturating_sub(chunk_start))
+                    .map_or(chunk.len(), |valid| valid.min(chunk.len()));
                 // The bytes that change: those written, and any cut off past the end.
                 let changed_from = if valid < chunk.len() {
                     at.min(valid)
