@@ -820,6 +820,26 @@ mod tests {
     }
 
     #[test]
+    fn payload_offset_refuses_a_byte_far_past_the_chunk() {
+        // Page 2^32 + 3 once truncated to page 3, which the patch holds.
+        let page: usize = 4096;
+        assert_eq!(
+            patch::payload_offset(0b1000, 4 * page, 3 * page + 5),
+            Some(5)
+        );
+        assert_eq!(
+            patch::payload_offset(0b1000, 4 * page, ((1 << 32) + 3) * page + 5),
+            None
+        );
+    }
+
+    #[test]
+    fn timestamps_before_the_epoch_read_as_the_epoch() {
+        assert_eq!(Timestamp { sec: -5, nsec: 7 }.as_ns(), 7);
+        assert_eq!(Timestamp { sec: 2, nsec: 7 }.as_ns(), 2_000_000_007);
+    }
+
+    #[test]
     fn hash_slots_leave_cookie_space() {
         for name in [&b"a"[..], b"zzzz", b""] {
             let base = hash_slot_base(name);
