@@ -43,7 +43,10 @@ fn empty(reply: ReplyEmpty, result: Reply<()>) {
 
 fn xattr(reply: ReplyXattr, size: u32, result: Reply<Vec<u8>>) {
     match result {
-        Ok(data) if size == 0 => reply.size(data.len() as u32),
+        Ok(data) if size == 0 => match u32::try_from(data.len()) {
+            Ok(len) => reply.size(len),
+            Err(_) => reply.error(Errno::from_i32(libc::E2BIG)),
+        },
         Ok(data) if data.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
         Ok(data) => reply.data(&data),
         Err(e) => reply.error(Errno::from_i32(e)),
@@ -51,22 +54,24 @@ fn xattr(reply: ReplyXattr, size: u32, result: Reply<Vec<u8>>) {
 }
 
 fn system_time(t: anvil::fs::Time) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    match u64::try_from(t.sec) {
+        Ok(sec) => UNIX_EPOCH + Duration::new(sec, t.nsec),
+        Err(_) => {
+            UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+                + Duration::from_nanos(u64::from(t.nsec))
+        }
     }
 }
 
 fn timestamp(t: SystemTime) -> anvil::fs::Time {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => anvil::fs::Time {
-            sec: d.as_secs() as i64,
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             nsec: d.subsec_nanos(),
         },
         Err(e) => {
             let d = e.duration();
-            let mut sec = -(d.as_secs() as i64);
+            let mut sec = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
             let mut nsec = d.subsec_nanos();
             if nsec > 0 {
                 sec -= 1;
@@ -103,6 +108,10 @@ fn file_attr(attr: &Attr) -> FileAttr {
         nlink: attr.nlink,
         uid: attr.uid,
         gid: attr.gid,
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "rdev is stored from mknod's 32-bit device number"
+        )]
         rdev: attr.rdev as u32,
         blksize: 4096,
         flags: 0,
@@ -340,6 +349,10 @@ impl<B: Backend> fuser::Filesystem for Classic<B> {
         self.0.counters().count(Op::Write);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.0.write(ino.0, offset, data, kill) {
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "at most data.len(), one FUSE write request, whose size is a u32"
+            )]
             Ok(written) => reply.written(written as u32),
             Err(e) => reply.error(Errno::from_i32(e)),
         }

@@ -13,6 +13,17 @@
 //! (`default_permissions`). The daemon clears setuid/setgid itself (FUSE_HANDLE_KILLPRIV_V2),
 //! so the kernel does not look up `security.capability` before every write.
 
+// As in the engine: narrowing casts and `expect` outside tests carry a written reason.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap,
+        clippy::expect_used
+    )
+)]
+
 pub mod classic;
 pub mod control;
 mod counters;

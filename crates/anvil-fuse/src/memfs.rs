@@ -207,7 +207,8 @@ impl Backend for MemFs {
                 n.attr.gid = gid;
             }
             if let Some(size) = c.size {
-                n.data.resize(size as usize, 0);
+                n.data
+                    .resize(usize::try_from(size).map_err(|_| libc::EFBIG)?, 0);
                 n.attr.size = size;
                 n.attr.mtime = Timestamp::now();
             }
@@ -291,7 +292,9 @@ impl Backend for MemFs {
 
     fn read(&self, ino: u64, offset: u64, size: u32) -> Reply<Vec<u8>> {
         self.with(ino, |n| {
-            let start = (offset as usize).min(n.data.len());
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(n.data.len());
             let end = start.saturating_add(size as usize).min(n.data.len());
             Ok(n.data[start..end].to_vec())
         })
@@ -299,11 +302,12 @@ impl Backend for MemFs {
 
     fn write(&self, ino: u64, offset: u64, data: &[u8], _kill_suidgid: bool) -> Reply<usize> {
         self.with(ino, |n| {
-            let end = offset as usize + data.len();
+            let start = usize::try_from(offset).map_err(|_| libc::EFBIG)?;
+            let end = start.checked_add(data.len()).ok_or(libc::EFBIG)?;
             if n.data.len() < end {
                 n.data.resize(end, 0);
             }
-            n.data[offset as usize..end].copy_from_slice(data);
+            n.data[start..end].copy_from_slice(data);
             n.attr.size = n.data.len() as u64;
             n.attr.blocks = n.attr.size.div_ceil(512);
             n.attr.mtime = Timestamp::now();
@@ -323,7 +327,7 @@ impl Backend for MemFs {
             .children
             .iter()
             .enumerate()
-            .skip(offset as usize)
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
             .take(256)
             .filter_map(|(i, (name, child))| {
                 let kind = st.nodes.get(child)?.attr.kind;

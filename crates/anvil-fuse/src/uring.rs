@@ -319,6 +319,10 @@ fn init(fd: BorrowedFd<'_>, writeback: bool) -> io::Result<()> {
         congestion_threshold: 48,
         max_write: MAX_WRITE,
         time_gran: 1,
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "MAX_WRITE is 1 MiB: 256 pages"
+        )]
         max_pages: (MAX_WRITE / 4096) as u16,
         map_alignment: 0,
         flags2: (want >> 32) as u32,
@@ -327,6 +331,10 @@ fn init(fd: BorrowedFd<'_>, writeback: bool) -> io::Result<()> {
         unused: [0; 11],
     };
     let header = fuse_out_header {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "two fixed ABI structs, under a hundred bytes"
+        )]
         len: (std::mem::size_of::<fuse_out_header>() + std::mem::size_of::<fuse_init_out>()) as u32,
         error: 0,
         unique: header.unique,
@@ -347,6 +355,8 @@ fn run_queue<B: Backend>(
     fs: Uring<B>,
     idle: bool,
 ) -> io::Result<()> {
+    let queue = u16::try_from(qid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "FUSE queue id beyond u16"))?;
     if idle {
         crate::set_idle_policy(true);
     }
@@ -360,7 +370,7 @@ fn run_queue<B: Backend>(
         for mut entry in entries {
             let fs = fs.clone();
             tasks.push(compio_runtime::spawn(async move {
-                serve_entry(qid as u16, &mut entry, &fs).await
+                serve_entry(queue, &mut entry, &fs).await
             }));
         }
         let mut result = Ok(());
@@ -457,6 +467,10 @@ fn serve_dev_fuse<B: Backend>(fd: BorrowedFd<'_>, adapter: &B) {
             _ => {
                 adapter.counters().count(Op::Other);
                 let reply = fuse_out_header {
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        reason = "a fixed ABI struct of 16 bytes"
+                    )]
                     len: std::mem::size_of::<fuse_out_header>() as u32,
                     error: -libc::EIO,
                     unique: header.unique,
@@ -470,10 +484,8 @@ fn serve_dev_fuse<B: Backend>(fd: BorrowedFd<'_>, adapter: &B) {
 fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is valid for writes of buf.len() bytes.
     let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    // Negative: failed, with errno set.
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 fn write_fd(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
@@ -521,6 +533,10 @@ pub struct Uring<B: Backend>(pub Arc<B>);
 fn timestamp(t: anvil::fs::Time) -> Timestamp {
     // FUSE's seconds field is a u64 that the kernel reads back as a signed time64_t: times
     // before 1970 travel as two's complement (as they do on the classic path through fuser).
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "two's complement on purpose: the kernel reads the u64 back as time64_t"
+    )]
     Timestamp::new(t.sec as u64, t.nsec)
 }
 
@@ -548,6 +564,10 @@ fn file_attr(attr: &Attr) -> FileAttr {
         nlink: attr.nlink,
         uid: attr.uid,
         gid: attr.gid,
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "rdev is stored from mknod's 32-bit device number"
+        )]
         rdev: attr.rdev as u32,
         blksize: 4096,
     }
@@ -557,6 +577,10 @@ fn time_set(t: SetAttrTime) -> TimeSet {
     match t {
         SetAttrTime::Now => TimeSet::Now,
         SetAttrTime::Specific(t) => TimeSet::At(anvil::fs::Time {
+            #[expect(
+                clippy::cast_possible_wrap,
+                reason = "two's complement on purpose: FUSE carries time64_t in a u64"
+            )]
             sec: t.sec as i64,
             nsec: t.nsec,
         }),
@@ -573,7 +597,9 @@ fn caller(req: &Request) -> Caller {
 fn xattr(size: u32, result: Reply<Vec<u8>>) -> FsResult<ReplyXattr> {
     let data = result?;
     if size == 0 {
-        Ok(ReplyXattr::Size(data.len() as u32))
+        Ok(ReplyXattr::Size(
+            u32::try_from(data.len()).map_err(|_| libc::E2BIG)?,
+        ))
     } else if data.len() > size as usize {
         Err(libc::ERANGE)
     } else {
@@ -640,6 +666,10 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
             atime: set.atime.map(time_set),
             mtime: set.mtime.map(time_set),
             ctime: set.ctime.map(|t| anvil::fs::Time {
+                #[expect(
+                    clippy::cast_possible_wrap,
+                    reason = "two's complement on purpose: FUSE carries time64_t in a u64"
+                )]
                 sec: t.sec as i64,
                 nsec: t.nsec,
             }),
@@ -752,9 +782,11 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         buf: &mut [u8],
     ) -> FsResult<usize> {
         self.count(Op::Read);
-        let data = self
-            .0
-            .read(inode.0, offset, buf.len().min(u32::MAX as usize) as u32)?;
+        let data = self.0.read(
+            inode.0,
+            offset,
+            u32::try_from(buf.len()).unwrap_or(u32::MAX),
+        )?;
         let n = data.len().min(buf.len());
         buf[..n].copy_from_slice(&data[..n]);
         Ok(n)
@@ -929,6 +961,10 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         mode: u32,
     ) -> FsResult<()> {
         self.count(Op::Fallocate);
+        #[expect(
+            clippy::cast_possible_wrap,
+            reason = "flag bits, passed on as the C int the adapter takes"
+        )]
         self.0.fallocate(inode.0, offset, length, mode as i32)
     }
 
@@ -941,8 +977,12 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         flags: u32,
     ) -> FsResult<()> {
         self.count(Op::Setxattr);
-        self.0
-            .setxattr(inode.0, name.as_bytes(), value, flags as i32)
+        #[expect(
+            clippy::cast_possible_wrap,
+            reason = "flag bits, passed on as the C int the adapter takes"
+        )]
+        let flags = flags as i32;
+        self.0.setxattr(inode.0, name.as_bytes(), value, flags)
     }
 
     async fn getxattr(

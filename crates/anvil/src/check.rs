@@ -430,7 +430,7 @@ fn check_patches(live: &HashMap<LogicalKey, Element>, report: &mut Report) {
                 note(report, format!("{at}: patch does not fit its bitmap"));
                 continue;
             };
-            if end % patch::PAGE_BYTES as usize != 0 && end < chunk_len {
+            if end % patch::PAGE != 0 && end < chunk_len {
                 note(
                     report,
                     format!("{at}: patch ends inside its chunk of {chunk_len} bytes"),

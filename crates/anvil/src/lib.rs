@@ -16,6 +16,19 @@
 //! the file system need of them is re-exported, on purpose and in one place, by
 //! [`internals`], which makes no promise of stability.
 
+// Narrowing casts and `expect` fail loudly in review: every remaining site carries an
+// `#[expect(..., reason = "...")]` saying why it cannot truncate, lose a sign or panic.
+// Tests are free to use them.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap,
+        clippy::expect_used
+    )
+)]
+
 pub(crate) mod btree;
 pub(crate) mod cache;
 pub mod check;

@@ -321,6 +321,10 @@ impl Space {
     }
 
     fn take(inner: &mut Inner, start: u64, bytes: u64) {
+        #[expect(
+            clippy::expect_used,
+            reason = "callers check that a free range holds [start, start + bytes)"
+        )]
         let (&range_start, &range_len) = inner
             .free
             .range(..=start)

@@ -69,6 +69,18 @@ fn a_directory_entry_count_below_zero_is_corruption() {
 }
 
 #[test]
+fn a_directory_link_count_below_zero_is_corruption() {
+    let fs = open();
+    let dir = fs.mkdir_path("/d").unwrap();
+    fs.mkdir_path("/d/sub").unwrap();
+    // Removing /d/sub takes the link its ".." gave /d: none is left to take.
+    damage_inode(&fs, dir, |inode| inode.nlink = 0);
+    let result = fs.rmdir(dir, b"sub");
+    assert_corrupt(&fs, result, "link count would fall below zero");
+    assert!(fs.lookup(dir, b"sub").is_ok());
+}
+
+#[test]
 fn a_looping_parent_chain_is_corruption_not_a_bound() {
     let fs = open();
     let a = fs.mkdir_path("/a").unwrap();

@@ -100,6 +100,10 @@ impl CommitContext<'_> {
     }
 
     fn write_node(&mut self, node: Node) -> Result<Child> {
+        #[expect(
+            clippy::expect_used,
+            reason = "nodes are written from non-empty groups of a split or merge"
+        )]
         let first = node.first_key().expect("written nodes are never empty");
         let fill = node.payload_bytes();
         let address = self.space.allocate(NODE_BYTES as u64, Purpose::Metadata)?;
@@ -148,6 +152,10 @@ impl CommitContext<'_> {
             if run.is_empty() {
                 run_start = address;
             }
+            #[expect(
+                clippy::expect_used,
+                reason = "writes and fresh gain and lose an address together (write_node, discard)"
+            )]
             let node = self
                 .fresh
                 .remove(&address)
@@ -282,8 +290,8 @@ fn apply_leaf(
     let mut old = elements.into_iter().peekable();
     for mutation in mutations {
         let key = mutation.key();
-        while old.peek().is_some_and(|e| e.key < key) {
-            merged.push(old.next().expect("peeked"));
+        while let Some(element) = old.next_if(|e| e.key < key) {
+            merged.push(element);
         }
         let existing = old.next_if(|e| e.key == key);
         match (mutation, existing) {
@@ -440,9 +448,7 @@ fn split_even<T>(items: Vec<T>, size: impl Fn(&T) -> usize, capacity: usize) -> 
     if out.len() >= 2 {
         let last_bytes: usize = out[out.len() - 1].iter().map(&size).sum();
         if last_bytes * 3 < capacity {
-            let tail = out.pop().expect("two groups");
-            let mut pair = out.pop().expect("two groups");
-            pair.extend(tail);
+            let mut pair: Vec<T> = out.split_off(out.len() - 2).into_iter().flatten().collect();
             let half = pair.iter().map(&size).sum::<usize>() / 2;
             let mut bytes = 0;
             let cut = pair

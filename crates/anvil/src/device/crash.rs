@@ -6,7 +6,7 @@
 //! dropped, applied as a subset in any order, or torn at 512-byte sector granularity.
 //! `writes_total` counts writes so a test can stop the workload at every write index.
 
-use super::{out_of_range, Device, Pages};
+use super::{memory_len, out_of_range, Device, Pages};
 use parking_lot::Mutex;
 use std::io;
 
@@ -106,6 +106,10 @@ impl CrashDevice {
                 let mut state = seed;
                 let mut order: Vec<usize> = (0..inner.pending.len()).collect();
                 for i in (1..order.len()).rev() {
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        reason = "the remainder is at most i, a usize"
+                    )]
                     let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
                     order.swap(i, j);
                 }
@@ -155,6 +159,10 @@ impl Device for CrashDevice {
             let lo = offset.max(*write_offset);
             let hi = end.min(write_end);
             if lo < hi {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "lo..hi lies inside both buffers, so the differences are below their usize lengths"
+                )]
                 buf[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(
                     &data[(lo - write_offset) as usize..(hi - write_offset) as usize],
                 );
@@ -194,7 +202,7 @@ impl Device for CrashDevice {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.lock().durable.resize(len as usize);
+        self.inner.lock().durable.resize(memory_len(len)?);
         Ok(())
     }
 }

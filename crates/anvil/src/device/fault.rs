@@ -67,8 +67,9 @@ impl<D: Device> Device for FaultDevice<D> {
         self.inner.read_at(buf, offset)?;
         for fault in &self.faults.lock().0 {
             if let Fault::FlipOnRead { offset: at, mask } = fault {
-                if *at >= offset && *at < offset + buf.len() as u64 {
-                    buf[(*at - offset) as usize] ^= mask;
+                let within = at.checked_sub(offset).and_then(|d| usize::try_from(d).ok());
+                if let Some(byte) = within.and_then(|d| buf.get_mut(d)) {
+                    *byte ^= mask;
                 }
             }
         }

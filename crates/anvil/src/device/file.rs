@@ -37,7 +37,10 @@ const DIRECT_ALIGN: usize = 4096;
 /// Size and alignment of a read-around window.
 const WINDOW_BYTES: u64 = 128 << 10;
 /// Windows kept.
-const WINDOWS: usize = 64;
+const WINDOWS: NonZeroUsize = match NonZeroUsize::new(64) {
+    Some(n) => n,
+    None => panic!("at least one window"),
+};
 /// Reads at least this long go to the device as they are. Read-around pays for small
 /// neighbours written together (nodes, small files' extents, patches); a data chunk is
 /// read whole, and widening it to a window or two only adds bytes to read and copy.
@@ -76,7 +79,7 @@ const WINDOW_PROBE_EVERY: u64 = 16;
 impl ReadAround {
     fn new() -> ReadAround {
         ReadAround {
-            windows: Mutex::new(LruCache::new(NonZeroUsize::new(WINDOWS).expect("nonzero"))),
+            windows: Mutex::new(LruCache::new(WINDOWS)),
             writes: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             recent_windows: AtomicU64::new(0),
@@ -117,7 +120,7 @@ impl ReadAround {
         let first = offset / WINDOW_BYTES;
         let last = (offset + len as u64 - 1) / WINDOW_BYTES;
         let mut windows = self.windows.lock();
-        if last - first >= WINDOWS as u64 {
+        if last - first >= WINDOWS.get() as u64 {
             windows.clear();
             return;
         }
@@ -239,12 +242,18 @@ impl FileDevice {
         if !hit {
             let before = self.windows.writes.load(Ordering::Acquire);
             let quiet = self.windows.in_flight.load(Ordering::Acquire) == 0;
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "a read below AROUND_BYTES_MAX spans one or two 128 KiB windows"
+            )]
             let span = ((last - first + 1) * WINDOW_BYTES) as usize;
             let mut read = AlignedBuf::new(span);
             let got = read_full(direct, read.as_mut_slice(), first * WINDOW_BYTES)?;
             let bytes = &read.as_slice()[..got];
+            #[expect(clippy::cast_possible_truncation, reason = "a window is 128 KiB")]
+            let window_bytes = WINDOW_BYTES as usize;
             found = bytes
-                .chunks(WINDOW_BYTES as usize)
+                .chunks(window_bytes)
                 .map(|w| Arc::new(w.to_vec()))
                 .collect();
             // Kept only if no write was in flight or began meanwhile.
@@ -260,10 +269,12 @@ impl FileDevice {
         let mut filled = 0;
         for (i, window) in found.iter().enumerate() {
             let window_start = (first + i as u64) * WINDOW_BYTES;
-            let from = (at - window_start) as usize;
-            if from >= window.len() {
+            let Some(from) = usize::try_from(at - window_start)
+                .ok()
+                .filter(|&from| from < window.len())
+            else {
                 break;
-            }
+            };
             let take = (window.len() - from).min(buf.len() - filled);
             buf[filled..filled + take].copy_from_slice(&window[from..from + take]);
             filled += take;
@@ -351,7 +362,12 @@ fn block_span(offset: u64, len: usize) -> (u64, usize) {
     let align = DIRECT_ALIGN as u64;
     let start = offset / align * align;
     let end = (offset + len as u64).div_ceil(align) * align;
-    (start, (end - start) as usize)
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the span is len, a usize, plus less than two alignments"
+    )]
+    let span = (end - start) as usize;
+    (start, span)
 }
 
 fn direct_read(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -364,6 +380,10 @@ fn direct_read(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
     let (start, span) = block_span(offset, buf.len());
     let mut bounce = AlignedBuf::new(span);
     let got = read_full(file, bounce.as_mut_slice(), start)?;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "below DIRECT_ALIGN: start is offset rounded down to it"
+    )]
     let from = (offset - start) as usize;
     if got < from + buf.len() {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
@@ -378,6 +398,10 @@ fn direct_write(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
     }
     let (start, span) = block_span(offset, buf.len());
     let mut bounce = AlignedBuf::new(span);
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "below DIRECT_ALIGN: start is offset rounded down to it"
+    )]
     let from = (offset - start) as usize;
     let align = DIRECT_ALIGN;
     // Blocks the write covers only in part keep their other bytes (zeros past the end).
@@ -515,23 +539,26 @@ fn pwritev_all(file: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
                 iov_len: b.len(),
             })
             .collect();
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_possible_wrap,
+            reason = "a batch holds at most IOV_MAX (1024) iovecs"
+        )]
+        let iov_count = iov.len() as libc::c_int;
+        let at = libc::off_t::try_from(offset).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "write offset beyond off_t")
+        })?;
         // SAFETY: every iovec points into a live borrowed slice of the stated length, and
         // pwritev only reads from them.
-        let written = unsafe {
-            libc::pwritev(
-                file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as i32,
-                offset as i64,
-            )
-        };
-        if written < 0 {
+        let written = unsafe { libc::pwritev(file.as_raw_fd(), iov.as_ptr(), iov_count, at) };
+        // Negative: failed, with errno set.
+        let Ok(written) = usize::try_from(written) else {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(e);
-        }
+        };
         if written == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::WriteZero,
@@ -539,7 +566,7 @@ fn pwritev_all(file: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
             ));
         }
         // Skip what was written; a partial slice is shortened in place.
-        let mut left = written as usize;
+        let mut left = written;
         offset += left as u64;
         while left > 0 {
             let len = slices[first].len();

@@ -34,11 +34,17 @@ impl<D: Device> LogDevice<D> {
         offset: u64,
         write: impl FnOnce(&D) -> io::Result<()>,
     ) -> io::Result<()> {
+        let len = u32::try_from(buf.len()).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "write too long for the device log",
+            )
+        })?;
         let mut log = self.log.lock();
         write(&self.inner)?;
         log.write_all(b"W")?;
         log.write_all(&offset.to_le_bytes())?;
-        log.write_all(&(buf.len() as u32).to_le_bytes())?;
+        log.write_all(&len.to_le_bytes())?;
         log.write_all(buf)
     }
 }
@@ -116,12 +122,13 @@ impl<R: Read> Iterator for LogReader<R> {
         match kind[0] {
             b'F' => Some(Ok(LogRecord::Flush)),
             b'W' => {
-                let mut header = [0u8; 12];
-                if self.input.read_exact(&mut header).is_err() {
+                let (mut offset, mut len) = ([0u8; 8], [0u8; 4]);
+                if self.input.read_exact(&mut offset).is_err()
+                    || self.input.read_exact(&mut len).is_err()
+                {
                     return None;
                 }
-                let offset = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
-                let len = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
+                let (offset, len) = (u64::from_le_bytes(offset), u32::from_le_bytes(len));
                 if len > LOG_WRITE_BYTES_MAX {
                     return Some(Err(io::Error::new(
                         io::ErrorKind::InvalidData,

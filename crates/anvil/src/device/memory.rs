@@ -4,7 +4,7 @@
 //! reference per 64 KiB, not the image: crash tests make thousands of images that differ
 //! from one base in a few blocks.
 
-use super::{out_of_range, Device};
+use super::{memory_len, out_of_range, Device};
 use parking_lot::RwLock;
 use std::io;
 use std::sync::{Arc, OnceLock};
@@ -60,6 +60,10 @@ impl Pages {
 
     /// Copies `buf.len()` bytes from `offset`; the range must lie inside.
     pub fn read(&self, buf: &mut [u8], offset: u64) {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the range lies inside, so offset is below self.len, a usize"
+        )]
         let mut at = offset as usize;
         let mut done = 0;
         while done < buf.len() {
@@ -74,6 +78,10 @@ impl Pages {
     /// Writes `buf` at `offset`, copying the pages it touches if they are shared; the range
     /// must lie inside.
     pub fn write(&mut self, buf: &[u8], offset: u64) {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the range lies inside, so offset is below self.len, a usize"
+        )]
         let mut at = offset as usize;
         let mut done = 0;
         while done < buf.len() {
@@ -91,8 +99,9 @@ impl Pages {
         if !self.contains(offset, len) || len == 0 {
             return None;
         }
-        let first = offset as usize / PAGE_BYTES;
-        let last = (offset as usize + len - 1) / PAGE_BYTES;
+        let start = usize::try_from(offset).ok()?;
+        let first = start / PAGE_BYTES;
+        let last = (start + len - 1) / PAGE_BYTES;
         Some(PageSpan(self.pages[first..=last].to_vec()))
     }
 
@@ -147,7 +156,9 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(len: u64) -> MemDevice {
-        MemDevice::from_pages(Pages::zeroed(len as usize))
+        // A length past the address space saturates, so the allocation fails loudly
+        // instead of making a smaller device.
+        MemDevice::from_pages(Pages::zeroed(usize::try_from(len).unwrap_or(usize::MAX)))
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> MemDevice {
@@ -198,7 +209,7 @@ impl Device for MemDevice {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.bytes.write().resize(len as usize);
+        self.bytes.write().resize(memory_len(len)?);
         Ok(())
     }
 }

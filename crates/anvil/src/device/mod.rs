@@ -48,6 +48,16 @@ pub trait Device: Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;
 }
 
+/// `len` as the length of an in-memory image, or an error if it exceeds the address space.
+pub(crate) fn memory_len(len: u64) -> io::Result<usize> {
+    usize::try_from(len).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{len} bytes do not fit in memory"),
+        )
+    })
+}
+
 pub(crate) fn out_of_range(offset: u64, len: usize, size: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::UnexpectedEof,

@@ -32,10 +32,10 @@ impl Writer {
     /// LEB128: seven bits per byte, low bits first.
     pub fn uvarint(&mut self, mut v: u64) {
         while v >= 0x80 {
-            self.bytes.push(v as u8 | 0x80);
+            self.bytes.push((v & 0x7f) as u8 | 0x80);
             v >>= 7;
         }
-        self.bytes.push(v as u8);
+        self.bytes.push((v & 0x7f) as u8);
     }
     pub fn raw(&mut self, v: &[u8]) {
         self.bytes.extend_from_slice(v);

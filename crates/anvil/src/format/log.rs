@@ -22,6 +22,9 @@ const LOG_ENTRY_BYTES_MIN: usize = 8 + 1 + 8 + 8 + 1;
 /// Unit of a version-3 batch: a batch occupies a whole number of these, and starts at a
 /// multiple of it. Small, so that a batch per operation costs about what it holds.
 pub const LOG_UNIT_BYTES: u64 = 512;
+/// `LOG_UNIT_BYTES` as a length in memory.
+pub const LOG_UNIT_LEN: usize = 512;
+const _: () = assert!(LOG_UNIT_LEN as u64 == LOG_UNIT_BYTES);
 /// The first format version whose batches have the layout of this file.
 const RING_VERSION: u16 = 3;
 
@@ -128,12 +131,16 @@ pub fn append_batch(
         address,
         payload_bytes: 0,
     };
-    let appended = append_block(out, &header, LOG_UNIT_BYTES as usize, |w| {
+    let appended = append_block(out, &header, LOG_UNIT_LEN, |w| {
         w.u64(head.seq);
         w.u64(head.next_obj);
         w.u64(head.salt);
         w.u64(head.follows);
         w.u64(head.follows_count);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "a batch is at most LOG_BATCH_BYTES_MAX (8 MiB) and every entry takes bytes"
+        )]
         w.u32(entries.len() as u32);
         for entry in entries {
             w.u64(entry.lk.obj);
@@ -144,6 +151,10 @@ pub fn append_batch(
                 ValueRef::Delete => w.u8(0),
                 ValueRef::Put(bytes) => {
                     w.u8(1);
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        reason = "a value is one record's payload, at most a 64 KiB chunk"
+                    )]
                     w.u32(bytes.len() as u32);
                     w.raw(bytes);
                 }
@@ -151,6 +162,10 @@ pub fn append_batch(
                     w.u8(2);
                     w.u32(len);
                     w.u32(at);
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        reason = "a splice is part of a value of len bytes, itself a u32"
+                    )]
                     w.u32(bytes.len() as u32);
                     w.raw(bytes);
                 }
@@ -191,6 +206,10 @@ impl LogBatch {
             follows_count: self.follows_count,
         };
         let entries: Vec<EntryRef<'_>> = self.entries.iter().map(LogEntry::as_ref).collect();
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the entries are in memory, so their encoding is a usize plus a header"
+        )]
         let mut out = Vec::with_capacity(batch_bytes(&entries) as usize);
         append_batch(&mut out, volume_id, address, &head, &entries);
         out

@@ -18,6 +18,9 @@ use coding::{Reader, Writer};
 pub const FORMAT_VERSION: u16 = 4;
 /// Allocation unit of the volume.
 pub const BLOCK_BYTES: u64 = 4096;
+/// `BLOCK_BYTES` as a length in memory.
+pub const BLOCK_LEN: usize = 4096;
+const _: () = assert!(BLOCK_LEN as u64 == BLOCK_BYTES);
 /// Size of every B-tree node.
 pub const NODE_BYTES: usize = 16384;
 /// Size of the header at the start of every block.
@@ -104,8 +107,14 @@ pub fn append_block(
     write(&mut w);
     let mut bytes = w.bytes;
     let payload = bytes.len() - start - HEADER_BYTES;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a payload is a node or superblock (16 KiB at most), a log batch (8 MiB at \
+                  most) or a space map (two bytes a free range)"
+    )]
+    let payload_bytes = payload as u32;
     bytes[start + PAYLOAD_BYTES_AT..start + PAYLOAD_BYTES_AT + 4]
-        .copy_from_slice(&(payload as u32).to_le_bytes());
+        .copy_from_slice(&payload_bytes.to_le_bytes());
     let sum = checksum(&bytes[start..]);
     bytes[start + CHECKSUM_AT..start + CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
     let total = (HEADER_BYTES + payload).div_ceil(unit) * unit;

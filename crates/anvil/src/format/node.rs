@@ -59,6 +59,11 @@ impl Node {
         w.u8(self.level());
         let block_type = match self {
             Node::Leaf(elements) => {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "a node's payload is at most 16 KiB (asserted below), so it holds \
+                              fewer than 65536 elements"
+                )]
                 w.u16(elements.len() as u16);
                 for e in elements {
                     e.encode(&mut w);
@@ -66,6 +71,11 @@ impl Node {
                 BlockType::Leaf
             }
             Node::Internal { children, .. } => {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "a node's payload is at most 16 KiB (asserted below), so it holds \
+                              fewer than 65536 children"
+                )]
                 w.u16(children.len() as u16);
                 for (key, child) in children {
                     key.encode(&mut w);
@@ -85,7 +95,7 @@ impl Node {
             volume_id,
             tid,
             address,
-            payload_bytes: w.len() as u32,
+            payload_bytes: 0, // seal_block writes the payload's length
         };
         seal_block(&header, &w.bytes, NODE_BYTES)
     }

@@ -185,6 +185,10 @@ impl Element {
             Payload::Inline(bytes) => {
                 debug_assert!(bytes.len() <= INLINE_BYTES_MAX);
                 w.u8(0);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "inline payloads are at most INLINE_BYTES_MAX (3 KiB), asserted above"
+                )]
                 w.u16(bytes.len() as u16);
                 w.raw(bytes);
             }
@@ -259,12 +263,16 @@ impl Timestamp {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         Timestamp {
-            sec: d.as_secs() as i64,
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             nsec: d.subsec_nanos(),
         }
     }
     pub fn as_ns(&self) -> u64 {
-        (self.sec.max(0) as u64).saturating_mul(1_000_000_000) + self.nsec as u64
+        // Before the epoch reads as the epoch.
+        u64::try_from(self.sec)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000_000)
+            + u64::from(self.nsec)
     }
     fn encode(&self, w: &mut Writer) {
         w.i64(self.sec);
@@ -320,7 +328,8 @@ impl Inode {
     pub fn codec_setting(&self) -> Option<u8> {
         match (self.flags & inode_flags::CODEC_MASK) >> inode_flags::CODEC_SHIFT {
             0 => None,
-            stored => Some(stored as u8 - 1),
+            // CODEC_MASK is four bits wide, so this always fits.
+            stored => u8::try_from(stored - 1).ok(),
         }
     }
 
@@ -395,6 +404,11 @@ impl Dirent {
         let mut w = Writer::with_capacity(16 + self.name.len());
         w.u64(self.child);
         w.u32(self.kind);
+        debug_assert!(!self.name.is_empty() && self.name.len() <= NAME_BYTES_MAX);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "names are at most NAME_BYTES_MAX (255) bytes, asserted above"
+        )]
         w.u16(self.name.len() as u16);
         w.raw(&self.name);
         w.bytes
@@ -429,8 +443,18 @@ pub const XATTR_VALUE_BYTES_MAX: usize = INLINE_BYTES_MAX - NAME_BYTES_MAX - 8;
 impl Xattr {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(4 + self.name.len() + self.value.len());
+        debug_assert!(self.name.len() <= NAME_BYTES_MAX);
+        debug_assert!(self.value.len() <= XATTR_VALUE_BYTES_MAX);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "names are at most NAME_BYTES_MAX (255) bytes, asserted above"
+        )]
         w.u16(self.name.len() as u16);
         w.raw(&self.name);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "values are at most XATTR_VALUE_BYTES_MAX (under 3 KiB), asserted above"
+        )]
         w.u16(self.value.len() as u16);
         w.raw(&self.value);
         w.bytes
@@ -475,8 +499,11 @@ pub mod patch {
     use super::DATA_CHUNK_BYTES;
 
     pub const PAGE_BYTES: u64 = 4096;
-    pub const PAGES: u32 = (DATA_CHUNK_BYTES / PAGE_BYTES) as u32;
-    const PAGE: usize = PAGE_BYTES as usize;
+    pub const PAGES: u32 = 16;
+    /// `PAGE_BYTES` as a length in memory.
+    pub(crate) const PAGE: usize = 4096;
+    const _: () = assert!(PAGES as u64 * PAGE_BYTES == DATA_CHUNK_BYTES);
+    const _: () = assert!(PAGE as u64 == PAGE_BYTES);
 
     pub fn key(chunk_index: u64, bitmap: u16) -> u64 {
         (chunk_index << 16) | u64::from(bitmap)
@@ -600,7 +627,7 @@ pub mod patch {
     /// `end`: the lengths of the patch's pages before its page, plus its place in that
     /// page. None if its page is not in the patch or past its end.
     pub fn payload_offset(bitmap: u16, end: usize, at: usize) -> Option<usize> {
-        let page = (at / PAGE) as u32;
+        let page = u32::try_from(at / PAGE).ok()?;
         if page >= PAGES || bitmap & (1 << page) == 0 {
             return None;
         }
@@ -790,6 +817,26 @@ mod tests {
             parent_hint: 1,
         };
         assert_eq!(Inode::decode(&inode.encode()).unwrap(), inode);
+    }
+
+    #[test]
+    fn payload_offset_refuses_a_byte_far_past_the_chunk() {
+        // Page 2^32 + 3 once truncated to page 3, which the patch holds.
+        let page: usize = 4096;
+        assert_eq!(
+            patch::payload_offset(0b1000, 4 * page, 3 * page + 5),
+            Some(5)
+        );
+        assert_eq!(
+            patch::payload_offset(0b1000, 4 * page, ((1 << 32) + 3) * page + 5),
+            None
+        );
+    }
+
+    #[test]
+    fn timestamps_before_the_epoch_read_as_the_epoch() {
+        assert_eq!(Timestamp { sec: -5, nsec: 7 }.as_ns(), 7);
+        assert_eq!(Timestamp { sec: 2, nsec: 7 }.as_ns(), 2_000_000_007);
     }
 
     #[test]

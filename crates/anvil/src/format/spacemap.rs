@@ -49,9 +49,14 @@ pub fn seal(
         volume_id,
         tid,
         address,
-        payload_bytes: payload.len() as u32,
+        payload_bytes: 0, // seal_block writes the payload's length
     };
-    seal_block(&header, payload, block_bytes as usize)
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a map block is only ever grown to block_bytes_for a payload held in memory"
+    )]
+    let block_bytes = block_bytes as usize;
+    seal_block(&header, payload, block_bytes)
 }
 
 /// Decodes and validates a map block read from `address`: written for this volume at `tid`,
@@ -84,10 +89,13 @@ pub fn decode(
     let count = r.u64()?;
     // Every range takes at least two bytes: a count beyond that is damage, not a reason to
     // reserve memory.
-    if count > r.remaining() as u64 / 2 {
+    let Some(count) = usize::try_from(count)
+        .ok()
+        .filter(|&count| count <= r.remaining() / 2)
+    else {
         return Err(Error::corrupt("range count exceeds the block", location));
-    }
-    let mut ranges = Vec::with_capacity(count as usize);
+    };
+    let mut ranges = Vec::with_capacity(count);
     let mut end = data_offset;
     for index in 0..count {
         let gap = r.uvarint()?;

@@ -147,6 +147,10 @@ impl Item {
                 w.u8(*compression);
                 w.u32(*logical_bytes);
                 w.u64(*checksum);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "stored is one extent, read back by its stored_bytes, a u32"
+                )]
                 w.u32(stored.len() as u32);
                 w.raw(stored);
             }
@@ -362,8 +366,14 @@ fn block_header(seq: u32, stream_id: u64, codec: u8, raw_len: usize, stored: &[u
     w.u64(stream_id);
     w.u8(codec);
     w.raw(&[0; 7]);
-    w.u32(raw_len as u32);
-    w.u32(stored.len() as u32);
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a block closes once it passes BLOCK_TARGET (1 MiB), so it holds less than \
+                  that plus one item, and is stored compressed only when smaller"
+    )]
+    let (raw_len, stored_len) = (raw_len as u32, stored.len() as u32);
+    w.u32(raw_len);
+    w.u32(stored_len);
     let mut covered = w.bytes;
     let prefix = covered.len();
     covered.extend_from_slice(stored);

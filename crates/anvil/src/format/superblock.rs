@@ -4,8 +4,8 @@
 use super::coding::{Reader, Writer};
 use super::log::LOG_UNIT_BYTES;
 use super::{
-    open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES, FORMAT_VERSION,
-    HEADER_BYTES,
+    open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES, BLOCK_LEN,
+    FORMAT_VERSION, HEADER_BYTES,
 };
 use crate::error::{Error, Result};
 
@@ -82,9 +82,9 @@ impl Superblock {
             volume_id: self.volume_id,
             tid: self.committed_tid,
             address: self.address(),
-            payload_bytes: w.len() as u32,
+            payload_bytes: 0, // seal_block writes the payload's length
         };
-        seal_block(&header, &w.bytes, BLOCK_BYTES as usize)
+        seal_block(&header, &w.bytes, BLOCK_LEN)
     }
 
     pub fn address(&self) -> u64 {
@@ -198,7 +198,7 @@ impl Superblock {
 }
 
 /// Bytes that hold the superblock payload; everything else in the block is zero.
-pub const SUPERBLOCK_PAYLOAD_MAX: usize = BLOCK_BYTES as usize - HEADER_BYTES;
+pub const SUPERBLOCK_PAYLOAD_MAX: usize = BLOCK_LEN - HEADER_BYTES;
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! Read-only views of the filesystem as of a committed TID. They read the committed tree only
 //! (no pending changes) and never take the state lock across I/O.
 
-use super::{inode_key, list_all, read_all, Attr, DirEntry, FileKind, Filesystem};
+use super::{inode_key, list_all, read_all, Attr, DirEntry, FileKind, Filesystem, HASH_SLOT_COUNT};
 use crate::error::{posix, Error, Result};
 use crate::format::record::{
     hash_slot_base, kind, patch, rtype, Dirent, Inode, LogicalKey, Xattr, DATA_CHUNK_BYTES,
@@ -97,7 +97,7 @@ impl<'a> AsOf<'a> {
             rtype::DIRENT,
             base,
             base + HASH_SLOTS - 1,
-            HASH_SLOTS as usize,
+            HASH_SLOT_COUNT,
         )? {
             let entry = Dirent::decode(&self.bytes(&value)?)?;
             if entry.name == name {
@@ -153,6 +153,10 @@ impl<'a> AsOf<'a> {
         }
         let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
         let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "end is at most offset + size, and size is a u32"
+        )]
         let mut out = vec![0u8; (end - offset) as usize];
         let (patch_lo, patch_hi) =
             patch::key_range(lo / DATA_CHUNK_BYTES - 1, hi / DATA_CHUNK_BYTES - 1);
@@ -187,6 +191,10 @@ impl<'a> AsOf<'a> {
             let from = offset.max(chunk_start);
             let to = end.min(chunk_start + bytes.len() as u64);
             if from < to {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "from..to lies inside out and inside the chunk, both in memory"
+                )]
                 out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
                     &bytes[(from - chunk_start) as usize..(to - chunk_start) as usize],
                 );
@@ -225,7 +233,7 @@ impl<'a> AsOf<'a> {
             rtype::XATTR,
             base,
             base + HASH_SLOTS - 1,
-            HASH_SLOTS as usize,
+            HASH_SLOT_COUNT,
         )? {
             let xattr = Xattr::decode(&self.bytes(&value)?)?;
             if xattr.name == name {

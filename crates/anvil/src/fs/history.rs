@@ -16,14 +16,17 @@ fn encode_snapshot(label: &str, time_ns: u64) -> Vec<u8> {
 }
 
 fn decode_snapshot(tid: u64, bytes: &[u8]) -> Result<SnapshotInfo> {
-    if bytes.len() < 8 || bytes.len() > 8 + SNAPSHOT_LABEL_BYTES_MAX {
+    let Some((time_ns, label)) = bytes
+        .split_first_chunk::<8>()
+        .filter(|(_, label)| label.len() <= SNAPSHOT_LABEL_BYTES_MAX)
+    else {
         return Err(Error::corrupt(
             "snapshot record length",
             format!("snapshot {tid:#018x}"),
         ));
-    }
-    let time_ns = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
-    let label = String::from_utf8_lossy(&bytes[8..]).into_owned();
+    };
+    let time_ns = u64::from_le_bytes(*time_ns);
+    let label = String::from_utf8_lossy(label).into_owned();
     Ok(SnapshotInfo {
         tid,
         label,

@@ -114,6 +114,10 @@ fn check_name(name: &[u8]) -> Step<()> {
     Ok(())
 }
 
+/// Keys in one name's slot range (`HASH_SLOTS`), as a count of records to read.
+const HASH_SLOT_COUNT: usize = 1 << 16;
+const _: () = assert!(HASH_SLOT_COUNT as u64 == HASH_SLOTS);
+
 /// Finds the hashed record (dirent or xattr) named `name` under `obj`.
 fn find_hashed(
     tx: &Tx<'_>,
@@ -124,7 +128,7 @@ fn find_hashed(
 ) -> Step<Option<(u64, Arc<Vec<u8>>)>> {
     let base = hash_slot_base(name);
     for (slot, value, _) in
-        tx.range_versions(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOTS as usize)?
+        tx.range_versions(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOT_COUNT)?
     {
         let bytes = tx.resolve(&value)?;
         if name_of(&bytes)? == name {
@@ -136,7 +140,7 @@ fn find_hashed(
 
 fn free_slot(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<u64> {
     let base = hash_slot_base(name);
-    let used = tx.range(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOTS as usize)?;
+    let used = tx.range(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOT_COUNT)?;
     let mut slot = base;
     for (key, _) in used {
         if key != slot {
@@ -518,7 +522,7 @@ impl Filesystem {
             if options.commit_interval_ms > 0 {
                 let handle = fs
                     .volume
-                    .start_committer(Duration::from_millis(options.commit_interval_ms));
+                    .start_committer(Duration::from_millis(options.commit_interval_ms))?;
                 *fs.committer.lock() = Some(handle);
             }
         }
@@ -619,15 +623,19 @@ impl Filesystem {
             .free_bytes
             .saturating_sub(usage.pending_bytes.saturating_add(usage.reserve_bytes))
             / BLOCK_BYTES;
+        #[expect(clippy::cast_possible_truncation, reason = "BLOCK_BYTES is 4 KiB")]
+        let block_bytes = BLOCK_BYTES as u32;
+        #[expect(clippy::cast_possible_truncation, reason = "NAME_BYTES_MAX is 255")]
+        let name_bytes_max = NAME_BYTES_MAX as u32;
         StatFs {
-            block_bytes: BLOCK_BYTES as u32,
+            block_bytes,
             blocks,
             blocks_free: free,
             blocks_available: available,
             // next_obj comes from the superblock: a damaged one must not overflow this.
             files: usage.next_obj.saturating_add(free * 16),
             files_free: free * 16,
-            name_bytes_max: NAME_BYTES_MAX as u32,
+            name_bytes_max,
         }
     }
 
@@ -963,6 +971,10 @@ impl Filesystem {
         if offset >= end {
             return Ok(Vec::new());
         }
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "end is at most offset + size, and size is a u32"
+        )]
         let mut out = vec![0u8; (end - offset) as usize];
         // Every extent, of chunks and of patches, read in one pass (neighbours merged). A
         // chunk this read covers whole goes to the kernel's page cache whole: the engine's
@@ -986,6 +998,10 @@ impl Filesystem {
         let mut resolve = |value: &Value, chunk_start: u64, create_tid: u64| match value {
             Value::Bytes(bytes) => Ok(bytes.clone()),
             Value::Extent(_) => {
+                #[expect(
+                    clippy::expect_used,
+                    reason = "read_extents_keeping returns one result per extent, in order"
+                )]
                 let result = loaded.next().expect("one result per extent");
                 result.inspect_err(|e| {
                     log::error!(
@@ -1021,6 +1037,10 @@ impl Filesystem {
             let from = offset.max(chunk_start);
             let to = end.min(chunk_start + bytes.len() as u64);
             if from < to {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "from..to lies inside out and inside the chunk, both in memory"
+                )]
                 out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
                     &bytes[(from - chunk_start) as usize..(to - chunk_start) as usize],
                 );
@@ -1059,8 +1079,16 @@ impl Filesystem {
                 let chunk_start = index * DATA_CHUNK_BYTES;
                 let from = offset.max(chunk_start);
                 let to = end.min(chunk_start + DATA_CHUNK_BYTES);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "from..to lies inside offset..end, and end - offset is data.len()"
+                )]
                 let src = &data[(from - offset) as usize..(to - offset) as usize];
                 let lk = chunk_key(ino, index);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "from lies in the chunk, so this is below DATA_CHUNK_BYTES (64 KiB)"
+                )]
                 let at = (from - chunk_start) as usize;
                 let valid = inode.size.saturating_sub(chunk_start);
                 let whole = at == 0 && src.len() as u64 == DATA_CHUNK_BYTES;
@@ -1088,10 +1116,8 @@ impl Filesystem {
                 let existing = chunk::chunk_bytes(tx, ino, index)?;
                 let mut chunk = existing.as_ref().map_or_else(Vec::new, |e| e.to_vec());
                 // Bytes past the old end of file inside this chunk are a hole: zeros.
-                let valid = inode
-                    .size
-                    .saturating_sub(chunk_start)
-                    .min(chunk.len() as u64) as usize;
+                let valid = usize::try_from(inode.size.saturating_sub(chunk_start))
+                    .map_or(chunk.len(), |valid| valid.min(chunk.len()));
                 // The bytes that change: those written, and any cut off past the end.
                 let changed_from = if valid < chunk.len() {
                     at.min(valid)

@@ -235,7 +235,8 @@ impl Filesystem {
         let mut rest = doomed.as_slice();
         while !rest.is_empty() {
             let node_room = self.volume.node_budget_bytes() / (4 * NODE_BYTES as u64);
-            let batch = (node_room as usize)
+            let batch = usize::try_from(node_room)
+                .unwrap_or(usize::MAX)
                 .clamp(1, REMOVALS_PER_COMMIT)
                 .min(rest.len());
             let (now, later) = rest.split_at(batch);

@@ -117,7 +117,9 @@ impl Filesystem {
             }
         }
         self.sync()?;
-        report.bytes_freed = self.volume.usage().free_bytes as i64 - free_before as i64;
+        let freed = i128::from(self.volume.usage().free_bytes) - i128::from(free_before);
+        report.bytes_freed =
+            i64::try_from(freed).unwrap_or(if freed < 0 { i64::MIN } else { i64::MAX });
         Ok(report)
     }
 }

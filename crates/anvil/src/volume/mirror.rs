@@ -24,7 +24,7 @@ use crate::format::record::{
 };
 use crate::format::stream::{Item, StreamHeader, StreamReader, StreamWriter};
 use crate::format::superblock::Superblock;
-use crate::format::{VolumeId, BLOCK_BYTES};
+use crate::format::{VolumeId, BLOCK_BYTES, BLOCK_LEN};
 use crate::space::Purpose;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -467,6 +467,11 @@ impl Volume {
                             "the extent of {key:?} has an impossible size or codec"
                         )));
                     }
+                    let Ok(stored_bytes) = u32::try_from(stored.len()) else {
+                        return Err(Error::Stream(format!(
+                            "the extent of {key:?} has an impossible size or codec"
+                        )));
+                    };
                     report.inserted += 1;
                     report.extent_bytes += stored.len() as u64;
                     let offset = written.write(&stored)?;
@@ -475,7 +480,7 @@ impl Volume {
                         delete_tid,
                         payload: Payload::Extent(ExtentRef {
                             offset,
-                            stored_bytes: stored.len() as u32,
+                            stored_bytes,
                             logical_bytes,
                             checksum,
                             compression: codec,
@@ -909,8 +914,9 @@ impl<'a> ExtentWriter<'a> {
             self.run_start = offset;
         }
         self.run.extend_from_slice(stored);
-        self.run
-            .resize(self.run.len() + (bytes as usize - stored.len()), 0);
+        // bytes is the length rounded up to whole blocks.
+        let padding = stored.len().next_multiple_of(BLOCK_LEN) - stored.len();
+        self.run.resize(self.run.len() + padding, 0);
         Ok(offset)
     }
 

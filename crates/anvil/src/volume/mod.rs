@@ -29,7 +29,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::log::{
     append_batch, batch_bytes, BatchHead, EntryRef, LogBatch, LogEntry, LogValue, ValueRef,
-    LOG_UNIT_BYTES,
+    LOG_UNIT_BYTES, LOG_UNIT_LEN,
 };
 use crate::format::node::Node;
 use crate::format::record::{
@@ -39,7 +39,7 @@ use crate::format::record::{
 use crate::format::spacemap;
 use crate::format::superblock::{Superblock, LABEL_BYTES};
 use crate::format::{
-    VolumeId, BLOCK_BYTES, LOG_OFFSET, NODE_BYTES, SUPERBLOCK_OFFSETS, VOLUME_BYTES_MIN,
+    VolumeId, BLOCK_BYTES, BLOCK_LEN, LOG_OFFSET, NODE_BYTES, SUPERBLOCK_OFFSETS, VOLUME_BYTES_MIN,
 };
 use crate::space::{Purpose, Space};
 use parking_lot::{Condvar, Mutex};
@@ -263,6 +263,11 @@ fn log_entries(changes: &[Unlogged]) -> Vec<EntryRef<'_>> {
                 (Some(v), Dirty::Bytes { lo, hi }) => {
                     let hi = (*hi).min(v.len());
                     let lo = (*lo).min(hi);
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        reason = "values are at most a 64 KiB chunk (the limits of \
+                                  log_entry_is_valid), and lo is at most the length"
+                    )]
                     ValueRef::Splice {
                         len: v.len() as u32,
                         at: lo as u32,
@@ -416,7 +421,7 @@ impl Volume {
         device.set_len(volume_bytes)?;
         // Clear the other superblock slot and the first log block so stale bytes of a
         // previous filesystem are never mistaken for ours.
-        let zero = vec![0u8; BLOCK_BYTES as usize];
+        let zero = vec![0u8; BLOCK_LEN];
         device.write_at(&zero, SUPERBLOCK_OFFSETS[1])?;
         device.write_at(&zero, LOG_OFFSET)?;
         device.write_at(&sb.encode(), sb.address())?;
@@ -435,7 +440,7 @@ impl Volume {
         let mut best: Option<Superblock> = None;
         let mut first_error = None;
         for offset in SUPERBLOCK_OFFSETS {
-            let mut buf = vec![0u8; BLOCK_BYTES as usize];
+            let mut buf = vec![0u8; BLOCK_LEN];
             device.read_at(&mut buf, offset)?;
             match Superblock::decode(&buf, offset) {
                 Ok(sb) if best.as_ref().is_none_or(|b| sb.seq > b.seq) => best = Some(sb),
@@ -709,10 +714,10 @@ impl Volume {
             (LogSource::Shadow, Some(shadow)) => shadow.read_at(buf, pos),
             _ => self.device.read_at(buf, sb.log_offset + pos),
         };
-        let mut first = vec![0u8; LOG_UNIT_BYTES as usize];
+        let mut first = vec![0u8; LOG_UNIT_LEN];
         read(&mut first).ok()?;
         let total = LogBatch::claimed_bytes(&first, sb.log_bytes - pos)?;
-        let mut bytes = vec![0u8; total as usize];
+        let mut bytes = vec![0u8; usize::try_from(total).ok()?];
         read(&mut bytes).ok()?;
         let batch = LogBatch::decode(&bytes, &self.volume_id, sb.log_offset + pos).ok()?;
         Some((batch, total))
@@ -751,12 +756,12 @@ impl Volume {
                     Some(pending) => pending.value.is_some(),
                     None => entry.replaces != 0,
                 };
-                let exists = value.is_some() as u64;
+                let exists = value.is_some();
                 st.live_objects = st
                     .live_objects
-                    .saturating_add(exists)
-                    .saturating_sub(existed as u64);
-                st.active.objects_delta += exists as i64 - existed as i64;
+                    .saturating_add(u64::from(exists))
+                    .saturating_sub(u64::from(existed));
+                st.active.objects_delta += i64::from(exists) - i64::from(existed);
             }
             let pending = Pending {
                 value: value.map(Arc::new),
@@ -1036,8 +1041,18 @@ impl Volume {
             let last = &extents[order[end - 1]];
             // Whole blocks, into a reused block-aligned buffer: an O_DIRECT device reads
             // straight into it, with no zeroing, no bounce buffer and no copy out of one.
-            let run_bytes = (last.offset + last.allocated_bytes() - first.offset) as usize;
             let in_bounds = self.extent_in_bounds(first) && self.extent_in_bounds(last);
+            // A damaged extent never sizes a buffer: out of bounds, the run reads nothing.
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "a run in bounds is at most RUN_BYTES_MAX plus one extent of at most \
+                          a chunk"
+            )]
+            let run_bytes = if in_bounds {
+                (last.offset + last.allocated_bytes() - first.offset) as usize
+            } else {
+                0
+            };
             let mut scratch = RUN_BUFFER.take();
             let buffer = aligned_scratch(&mut scratch, run_bytes);
             let read = if in_bounds {
@@ -1054,6 +1069,10 @@ impl Volume {
                 let extent = &extents[index];
                 out[index] = Some(match &read {
                     Ok(()) => {
+                        #[expect(
+                            clippy::cast_possible_truncation,
+                            reason = "the extent lies inside the run, so below run_bytes"
+                        )]
                         let at = (extent.offset - first.offset) as usize;
                         let stored = &buffer[at..at + extent.stored_bytes as usize];
                         decode_extent(extent, stored).map(|bytes| {
@@ -1070,6 +1089,10 @@ impl Volume {
             RUN_BUFFER.set(scratch);
             start = end;
         }
+        #[expect(
+            clippy::expect_used,
+            reason = "the runs cover order, which holds every index once"
+        )]
         out.into_iter()
             .map(|r| r.expect("every extent was read"))
             .collect()
@@ -1211,11 +1234,15 @@ impl Volume {
     }
 
     /// Starts the background committer: commits every `interval`, or sooner under memory
-    /// pressure. Stops when `stop_committer` is called.
-    pub fn start_committer(self: &Arc<Self>, interval: Duration) -> std::thread::JoinHandle<()> {
+    /// pressure. Stops when `stop_committer` is called. Fails if the thread cannot be
+    /// started.
+    pub fn start_committer(
+        self: &Arc<Self>,
+        interval: Duration,
+    ) -> Result<std::thread::JoinHandle<()>> {
         let volume = self.clone();
         self.committer_running.store(true, Ordering::Release);
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("anvil-commit".into())
             .spawn(move || {
                 let mut last = std::time::Instant::now();
@@ -1239,8 +1266,11 @@ impl Volume {
                         last = std::time::Instant::now();
                     }
                 }
-            })
-            .expect("spawning the commit thread")
+            });
+        if spawned.is_err() {
+            self.committer_running.store(false, Ordering::Release);
+        }
+        Ok(spawned?)
     }
 
     pub fn stop_committer(&self) {
@@ -1514,7 +1544,7 @@ impl Volume {
     /// Places extents side by side and writes each contiguous run as one request, straight
     /// from the chunk buffers.
     fn write_extents(&self, mutations: &mut [Mutation], data: Vec<(usize, Stored)>) -> Result<()> {
-        static ZEROS: [u8; BLOCK_BYTES as usize] = [0; BLOCK_BYTES as usize];
+        static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
         let data = self.order_by_locality(mutations, data);
         let mut placed: Vec<(u64, u64, &Stored)> = Vec::with_capacity(data.len());
         let sizes: Vec<u64> = data
@@ -1531,9 +1561,15 @@ impl Volume {
                     .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
                         Some(v.saturating_sub(counted))
                     });
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "values are at most a 64 KiB chunk (the limits of log_entry_is_valid), \
+                          stored compressed only when smaller"
+            )]
+            let stored_bytes = bytes.len() as u32;
             let extent = ExtentRef {
                 offset,
-                stored_bytes: bytes.len() as u32,
+                stored_bytes,
                 logical_bytes: stored.logical_bytes(),
                 checksum: crate::checksum::checksum(bytes),
                 compression: stored.compression(),
@@ -1558,10 +1594,11 @@ impl Volume {
                 end += 1;
             }
             let mut slices: Vec<&[u8]> = Vec::with_capacity(2 * (end - start));
-            for (_, allocated, stored) in &placed[start..end] {
+            for (_, _, stored) in &placed[start..end] {
                 let bytes = stored.bytes();
                 slices.push(bytes);
-                let padding = *allocated as usize - bytes.len();
+                // allocated is the length rounded up to whole blocks.
+                let padding = bytes.len().next_multiple_of(BLOCK_LEN) - bytes.len();
                 if padding > 0 {
                     slices.push(&ZEROS[..padding]);
                 }
@@ -1719,9 +1756,15 @@ impl Volume {
         debug_assert_eq!(start % LOG_PAGE_BYTES, 0);
         let end = (pos + len).div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES;
         // A buffer kept from the last append: a fresh one costs a page fault per page.
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "a batch is at most LOG_BATCH_BYTES_MAX (8 MiB), with under a page on \
+                      either side"
+        )]
+        let span = (end - start) as usize;
         let mut pages = std::mem::take(&mut ring.scratch);
         pages.clear();
-        pages.reserve((end - start) as usize);
+        pages.reserve(span);
         pages.extend_from_slice(prefix);
         let fields = ring.batch_head(next_obj);
         append_batch(
@@ -1731,7 +1774,7 @@ impl Volume {
             &fields,
             entries,
         );
-        pages.resize((end - start) as usize, 0);
+        pages.resize(span, 0);
         let written = match &self.shadow {
             Some(shadow) => shadow.write_at(&pages, start),
             None => self.device.write_staged_at(&pages, LOG_OFFSET + start),
@@ -1739,6 +1782,10 @@ impl Volume {
         let head = pos + len;
         let head_page = head / LOG_PAGE_BYTES * LOG_PAGE_BYTES;
         ring.page.clear();
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "start <= head_page <= head <= end, so both are at most span, a usize"
+        )]
         ring.page
             .extend_from_slice(&pages[(head_page - start) as usize..(head - start) as usize]);
         if pages.capacity() <= SCRATCH_BYTES_MAX {
@@ -1840,6 +1887,10 @@ impl Volume {
             false => [(from, ring.size), (0, end)],
         };
         for (lo, hi) in spans.into_iter().filter(|(lo, hi)| hi > lo) {
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "a span of the shadow's ring, at most 64 MiB (shadow_ring_bytes)"
+            )]
             let mut bytes = vec![0u8; (hi - lo) as usize];
             let copied = shadow
                 .read_at(&mut bytes, lo)
@@ -1940,8 +1991,17 @@ impl Volume {
         // Read what moves; an extent that fails its checksum stays where it is.
         let mut moving: Vec<(Key, ExtentRef, Vec<u8>)> = Vec::with_capacity(batch.len());
         for (key, extent) in batch {
-            let mut stored = vec![0u8; extent.stored_bytes as usize];
-            let readable = self.extent_in_bounds(&extent)
+            // A damaged length never sizes a buffer.
+            let in_bounds = self.extent_in_bounds(&extent);
+            let mut stored = vec![
+                0u8;
+                if in_bounds {
+                    extent.stored_bytes as usize
+                } else {
+                    0
+                }
+            ];
+            let readable = in_bounds
                 && self.device.read_at(&mut stored, extent.offset).is_ok()
                 && crate::checksum::checksum(&stored) == extent.checksum;
             if readable {
@@ -1956,11 +2016,12 @@ impl Volume {
         }
         let mut mutations = touched;
         let mut placed: Vec<(u64, Vec<&[u8]>)> = Vec::new();
-        static ZEROS: [u8; BLOCK_BYTES as usize] = [0; BLOCK_BYTES as usize];
+        static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
         for (key, extent, stored) in &moving {
             let allocated = extent.allocated_bytes();
             let offset = self.space.allocate(allocated, Purpose::Metadata)?;
-            let padding = (allocated - stored.len() as u64) as usize;
+            // allocated_bytes is stored_bytes rounded up to whole blocks.
+            let padding = stored.len().next_multiple_of(BLOCK_LEN) - stored.len();
             match placed.last_mut() {
                 Some((start, slices))
                     if *start + slices.iter().map(|s| s.len() as u64).sum::<u64>() == offset =>
@@ -2050,6 +2111,10 @@ impl Stored {
             None => &self.value,
         }
     }
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "values are at most a 64 KiB chunk (the limits of log_entry_is_valid)"
+    )]
     fn logical_bytes(&self) -> u32 {
         self.value.len() as u32
     }
@@ -2078,6 +2143,10 @@ fn log_entry_is_valid(entry: &LogEntry) -> bool {
             *len as usize
         }
     };
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "DATA_CHUNK_BYTES is 64 KiB"
+    )]
     let limit = match entry.lk.rtype {
         rtype::DATA | rtype::PATCH => crate::format::record::DATA_CHUNK_BYTES as usize,
         rtype::SYMLINK => crate::format::record::SYMLINK_BYTES_MAX,
@@ -2118,7 +2187,7 @@ thread_local! {
 /// A `len`-byte, 4 KiB-aligned slice of `scratch`, grown as needed (never shrunk below the
 /// longest run, at most `RUN_BYTES_MAX` plus a block or so).
 fn aligned_scratch(scratch: &mut Vec<u8>, len: usize) -> &mut [u8] {
-    const ALIGN: usize = BLOCK_BYTES as usize;
+    const ALIGN: usize = BLOCK_LEN;
     if scratch.len() < len + ALIGN {
         *scratch = vec![0u8; len + ALIGN];
     }
@@ -2140,7 +2209,13 @@ pub fn read_space_map(device: &dyn Device, sb: &Superblock) -> Result<Option<Vec
     if sb.space_map_address == 0 {
         return Ok(None);
     }
-    let mut block = vec![0u8; sb.space_map_bytes as usize];
+    let Ok(map_bytes) = usize::try_from(sb.space_map_bytes) else {
+        return Err(Error::corrupt(
+            "space map larger than memory",
+            format!("space map at byte {}", sb.space_map_address),
+        ));
+    };
+    let mut block = vec![0u8; map_bytes];
     device.read_at(&mut block, sb.space_map_address)?;
     let ranges = spacemap::decode(
         &block,

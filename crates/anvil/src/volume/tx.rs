@@ -320,14 +320,13 @@ impl<'a> Tx<'a> {
                         if p == t {
                             tree.next();
                         }
-                        let (key, (value, tid)) = pend.next().expect("peeked");
-                        value.map(|v| (key, v, tid))
+                        pend.next()
+                            .and_then(|(key, (value, tid))| value.map(|v| (key, v, tid)))
                     }
                     (Some(_), _) => tree.next(),
-                    (None, Some(_)) => {
-                        let (key, (value, tid)) = pend.next().expect("peeked");
-                        value.map(|v| (key, v, tid))
-                    }
+                    (None, Some(_)) => pend
+                        .next()
+                        .and_then(|(key, (value, tid))| value.map(|v| (key, v, tid))),
                 };
                 if let Some(item) = item {
                     out.push(item);
