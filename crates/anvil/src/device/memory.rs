@@ -111,9 +111,10 @@ impl Pages {
         if !self.contains(offset, len) || len == 0 {
             return false;
         }
-        let first = offset as usize / PAGE_BYTES;
-        let last = (offset as usize + len - 1) / PAGE_BYTES;
-        let ours = &self.pages[first..=last];
+        let Ok(start) = usize::try_from(offset) else {
+            return false;
+        };
+        let ours = &self.pages[start / PAGE_BYTES..=(start + len - 1) / PAGE_BYTES];
         ours.len() == span.0.len() && ours.iter().zip(&span.0).all(|(a, b)| Arc::ptr_eq(a, b))
     }
 
