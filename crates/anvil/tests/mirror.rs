@@ -562,12 +562,29 @@ fn items_outside_the_range_are_refused() {
             key: 0,
             create_tid: state.last_tid + 1,
         }),
+        // An extent the read path would refuse as damage: larger than any stored chunk.
+        Item::InsertExtent {
+            key: Key {
+                obj: 500,
+                rtype: rtype::DATA,
+                key: 65536,
+                create_tid: state.last_tid + 1,
+            },
+            delete_tid: 0,
+            compression: 0,
+            logical_bytes: 65536,
+            checksum: anvil::checksum::checksum(&[7; 200_000]),
+            stored: vec![7; 200_000],
+        },
     ] {
         let mut writer = StreamWriter::new(Vec::new(), &header).unwrap();
         writer.push(&item).unwrap();
         let (bytes, _) = writer.finish(0).unwrap();
         let err = slave.mirror_write(&mut bytes.as_slice()).unwrap_err();
         assert!(matches!(err, Error::Stream(_)), "{item:?}: {err}");
+        if matches!(item, Item::InsertExtent { .. }) {
+            assert!(err.to_string().contains("200000 stored"), "{err}");
+        }
         assert_eq!(slave_state(&slave), before);
     }
     assert!(!slave.volume().is_read_only());

@@ -837,6 +837,27 @@ fn publish_counts(st: &mut State, sb: &Superblock) {
 /// mirror records, is refused (no master writes one).
 fn check_item(item: &Item, header: &StreamHeader) -> Result<()> {
     let (since, until) = (header.since, header.until);
+    if let Item::InsertExtent {
+        key,
+        logical_bytes,
+        stored,
+        ..
+    } = item
+    {
+        // What the read path would refuse as damage later must not be written now.
+        let stored_max = super::EXTENT_STORED_BYTES_MAX;
+        if stored.is_empty()
+            || stored.len() as u64 > stored_max
+            || u64::from(*logical_bytes) > crate::format::record::DATA_CHUNK_BYTES
+        {
+            return Err(Error::Stream(format!(
+                "{key:?}: an extent of {} stored and {logical_bytes} logical bytes \
+                 (at most {stored_max} and {})",
+                stored.len(),
+                crate::format::record::DATA_CHUNK_BYTES
+            )));
+        }
+    }
     let (key, fits) = match item {
         Item::Skip { .. } | Item::End { .. } => return Ok(()),
         Item::Keep(key) => (key, key.create_tid <= since),
