@@ -91,17 +91,19 @@ fn load_image(path: &Path) -> Result<Pages, String> {
 
 /// Opens the image as it stands and checks it; None when clean.
 fn verify(image: Pages, verified: &Verified) -> Option<String> {
-    let pages = image.clone();
     let options = MountOptions {
         read_only: true,
         commit_interval_ms: 0,
         ..Default::default()
     };
-    let device: Arc<dyn Device> = Arc::new(MemDevice::from_pages(image));
-    let fs = match Filesystem::open(device, options) {
+    let device = Arc::new(MemDevice::from_pages(image));
+    let fs = match Filesystem::open(device.clone() as Arc<dyn Device>, options) {
         Ok(fs) => fs,
         Err(e) => return Some(format!("does not mount: {e}")),
     };
+    // The device's pages as the check will read them (a read-only open writes nothing, but
+    // the memory must not depend on that).
+    let pages = device.pages();
     let known = KnownIn {
         verified,
         image: &pages,
