@@ -215,7 +215,60 @@ pub fn apply(ctx: &mut CommitContext<'_>, root: Root, mutations: &[Mutation]) ->
         address = children[0].1;
         level -= 1;
     }
-    Ok(Root { address, level })
+    let new_root = Root { address, level };
+    #[cfg(debug_assertions)]
+    check_applied(ctx, new_root, mutations)?;
+    Ok(new_root)
+}
+
+/// Postcondition of `apply`, in debug builds: a sample of the mutations (about 16, the
+/// first and the last among them) reads back from the new tree as applied: inserted and
+/// replaced elements present as given, marked ones deleted at this TID, relocated ones
+/// with their new payload, removed ones gone.
+#[cfg(debug_assertions)]
+fn check_applied(ctx: &CommitContext<'_>, root: Root, mutations: &[Mutation]) -> Result<()> {
+    let step = (mutations.len() / 16).max(1);
+    for mutation in mutations.iter().step_by(step).chain(mutations.last()) {
+        let found = find(ctx, root, mutation.key())?;
+        let applied = match (mutation, &found) {
+            (Mutation::Insert(e) | Mutation::Replace(e), Some(f)) => f == e,
+            (Mutation::MarkDeleted(_), Some(f)) => f.delete_tid == ctx.tid,
+            (Mutation::Relocate(_, payload), Some(f)) => f.payload == *payload,
+            (Mutation::Remove(_), None) => true,
+            _ => false,
+        };
+        assert!(
+            applied,
+            "commit postcondition: {mutation:?} reads back as {found:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The element with exactly `key` in the tree at `root`, through the commit's own nodes.
+#[cfg(debug_assertions)]
+fn find(ctx: &CommitContext<'_>, root: Root, key: Key) -> Result<Option<Element>> {
+    if root.address == 0 {
+        return Ok(None);
+    }
+    let (mut address, mut level) = (root.address, root.level);
+    loop {
+        match &*ctx.fetch(address, level)? {
+            Node::Leaf(elements) => {
+                return Ok(elements
+                    .binary_search_by(|e| e.key.cmp(&key))
+                    .ok()
+                    .map(|i| elements[i].clone()));
+            }
+            Node::Internal { children, .. } => {
+                let Some((_, child)) = children.get(child_index(children, &key)) else {
+                    return Ok(None);
+                };
+                address = *child;
+                level -= 1;
+            }
+        }
+    }
 }
 
 fn apply_node(
