@@ -357,6 +357,45 @@ fn appends_store_only_the_pages_they_touch() {
     assert_every_version(fs, device, options(), "/log", &content, &versions);
 }
 
+/// A patch that covers older patches of its chunk whole ends them in its own TID: a page
+/// rewritten with its neighbour, and a log appended to a line at a time, keep one live
+/// patch instead of heading for a fold, and every TID still reads what it held.
+#[test]
+fn a_patch_covering_older_ones_ends_them() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "supersede").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(41);
+    let mut content: Vec<u8> = (0..(65536 + 30_000)).map(|_| rng.gen()).collect();
+    let ino = fs.write_file("/f", &content).unwrap();
+    let mut versions = vec![(fs.sync().unwrap(), content.clone())];
+    let mut write = |content: &mut Vec<u8>, at: usize, len: usize| {
+        let bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        fs.write(ino, at as u64, &bytes).unwrap();
+        if content.len() < at + len {
+            content.resize(at + len, 0);
+        }
+        content[at..at + len].copy_from_slice(&bytes);
+    };
+    // Page 1 of chunk 1, then pages 1 and 2: the second covers the first.
+    write(&mut content, 65536 + 4096, 4096);
+    versions.push((fs.sync().unwrap(), content.clone()));
+    write(&mut content, 65536 + 4096, 8192);
+    versions.push((fs.sync().unwrap(), content.clone()));
+    assert_eq!(live_patches(&fs, ino, 1).0, 1);
+    // Lines appended, a commit after each, from byte 30,000 of the chunk (page 7) into
+    // page 9: the patch that crosses into a page covers the one before it, which ends.
+    for _ in 0..12 {
+        let at = content.len();
+        write(&mut content, at, 700);
+        versions.push((fs.sync().unwrap(), content.clone()));
+    }
+    let (live, _) = live_patches(&fs, ino, 1);
+    eprintln!("live patches after the appends: {live}");
+    assert!(live <= 4, "{live} live patches");
+    assert_every_version(fs, device, options(), "/f", &content, &versions);
+}
+
 /// Live PATCH records of chunk `index` of `ino`, and the pages they cover together.
 fn live_patches(fs: &Filesystem, ino: u64, index: u64) -> (usize, u32) {
     use anvil::format::record::{patch, rtype};

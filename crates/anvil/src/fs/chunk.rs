@@ -172,6 +172,7 @@ pub(super) fn try_patch(
     let live = patches(tx, obj, index, index)?;
     // The chunk's length now: its DATA record extended by any patch that ends past it.
     let mut chunk_len = data_len;
+    let mut ends = Vec::with_capacity(live.len());
     for (key, value, _) in &live {
         let bitmap = patch::split(*key).1;
         let Some(end) = patch::end(bitmap, value_len(value)) else {
@@ -181,6 +182,7 @@ pub(super) fn try_patch(
             )));
         };
         chunk_len = chunk_len.max(end);
+        ends.push((*key, end));
     }
     let end = at + src.len();
     let fits = if end > chunk_len {
@@ -208,8 +210,25 @@ pub(super) fn try_patch(
     }
     let own_bitmap = own.map_or(0, |key| patch::split(key).1);
     let bitmap = own_bitmap | patch::pages_of(at as u64, end as u64);
-    let count = others + 1;
-    let covered = pages + bitmap.count_ones();
+    let key = patch::key(index, bitmap);
+    let layout_end = patch::layout_end(bitmap, chunk_len);
+    // Older patches this one covers whole add nothing to the chunk any more: they end with
+    // this TID (history keeps them for the TIDs before), so a page rewritten or a log
+    // appended to day after day keeps one or two live patches instead of growing a fold.
+    let superseded: Vec<u64> = ends
+        .iter()
+        .filter(|&&(old, old_end)| {
+            let old_bitmap = patch::split(old).1;
+            Some(old) != own && old != key && old_bitmap & !bitmap == 0 && old_end <= layout_end
+        })
+        .map(|&(old, _)| old)
+        .collect();
+    let superseded_pages: u32 = superseded
+        .iter()
+        .map(|&old| patch::split(old).1.count_ones())
+        .sum();
+    let count = others - superseded.len() + 1;
+    let covered = pages - superseded_pages + bitmap.count_ones();
     if count > PATCHES_HARD || covered > PAGES_HARD {
         return Ok(Patched::No);
     }
@@ -232,14 +251,12 @@ pub(super) fn try_patch(
             patch::extract(&current, bitmap)
         }
     };
-    let key = patch::key(index, bitmap);
     if let Some(old) = own.filter(|&old| old != key) {
         // The wider patch covers every page of the narrower one.
         tx.put_with(patch_lk(obj, old), None, nohistory, codec)?;
     }
     let lk = patch_lk(obj, key);
     // Rewriting bytes of this group's own patch, pages unchanged: the log needs only them.
-    let layout_end = patch::layout_end(bitmap, chunk_len);
     let spliced = own.filter(|&old| old == key).and(own_payload.as_ref()).zip(
         patch::payload_offset(bitmap, layout_end, at).zip(patch::payload_offset(
             bitmap,
@@ -253,6 +270,9 @@ pub(super) fn try_patch(
             tx.put_spliced(lk, payload, (nohistory, codec), base, lo, last + 1)?
         }
         None => tx.put_with(lk, Some(Arc::new(payload)), nohistory, codec)?,
+    }
+    for old in superseded {
+        tx.put_with(patch_lk(obj, old), None, nohistory, codec)?;
     }
     Ok(outcome)
 }
