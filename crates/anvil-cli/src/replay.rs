@@ -36,7 +36,7 @@ struct Verified(RwLock<HashMap<ExtentRef, PageSpan>>);
 /// `Verified` as seen from one crash state's image.
 struct KnownIn<'a> {
     verified: &'a Verified,
-    image: &'a Pages,
+    image: &'a MemDevice,
 }
 
 impl KnownExtents for KnownIn<'_> {
@@ -101,12 +101,11 @@ fn verify(image: Pages, verified: &Verified) -> Option<String> {
         Ok(fs) => fs,
         Err(e) => return Some(format!("does not mount: {e}")),
     };
-    // The device's pages as the check will read them (a read-only open writes nothing, but
-    // the memory must not depend on that).
-    let pages = device.pages();
+    // The pages the check reads, as it reads them (a read-only open writes nothing, but the
+    // memory must not depend on that).
     let known = KnownIn {
         verified,
-        image: &pages,
+        image: &device,
     };
     match anvil::check::check_with(fs.volume(), Some(&known)) {
         Ok(report) if report.is_clean() => None,
@@ -351,7 +350,7 @@ mod tests {
         let elsewhere = extent(5 * PAGE, 4096);
         let known = KnownIn {
             verified: &verified,
-            image: &first,
+            image: &MemDevice::from_pages(first.clone()),
         };
         assert!(!known.verified(&e));
         known.record(&e);
@@ -365,7 +364,7 @@ mod tests {
         later.write(&[2u8; 100], 4 * PAGE);
         let known = KnownIn {
             verified: &verified,
-            image: &later,
+            image: &MemDevice::from_pages(later.clone()),
         };
         assert!(known.verified(&e));
         // One byte under the extent, on its last page: read it again.
@@ -373,7 +372,7 @@ mod tests {
         torn.write(&[9u8], PAGE + 4096 + 89_999);
         let known = KnownIn {
             verified: &verified,
-            image: &torn,
+            image: &MemDevice::from_pages(torn.clone()),
         };
         assert!(!known.verified(&e));
         // The same bytes written again are still other pages: read again, to be safe.
@@ -382,7 +381,7 @@ mod tests {
         rewritten.write(&[1u8; 4096], PAGE);
         let known = KnownIn {
             verified: &verified,
-            image: &rewritten,
+            image: &MemDevice::from_pages(rewritten.clone()),
         };
         assert!(!known.verified(&e));
     }

@@ -180,6 +180,16 @@ impl MemDevice {
     pub fn pages(&self) -> Pages {
         self.bytes.read().clone()
     }
+
+    /// `Pages::span` of the current bytes.
+    pub fn span(&self, offset: u64, len: usize) -> Option<PageSpan> {
+        self.bytes.read().span(offset, len)
+    }
+
+    /// `Pages::holds` of the current bytes.
+    pub fn holds(&self, offset: u64, len: usize, span: &PageSpan) -> bool {
+        self.bytes.read().holds(offset, len, span)
+    }
 }
 
 impl Device for MemDevice {
