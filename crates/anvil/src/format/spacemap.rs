@@ -123,6 +123,28 @@ pub fn decode(
     if r.remaining() != 0 {
         return Err(Error::corrupt("bytes after the last range", location));
     }
+    // The block's length comes from the superblock, and the commit after this one frees
+    // that many bytes at `address`: a length that reaches past the map's own blocks must
+    // not be believed. The map counts its own blocks as used, and pads them with zeros.
+    let padding = bytes
+        .get(HEADER_BYTES + payload.len()..)
+        .unwrap_or_default();
+    if padding.iter().any(|&b| b != 0) {
+        return Err(Error::corrupt(
+            "block longer than the map (its padding is not zeros)",
+            location,
+        ));
+    }
+    let block_end = address.saturating_add(bytes.len() as u64);
+    if ranges
+        .iter()
+        .any(|&(s, l)| s < block_end && s + l > address)
+    {
+        return Err(Error::corrupt(
+            "the map's own blocks are marked free",
+            location,
+        ));
+    }
     Ok(ranges)
 }
 
@@ -174,6 +196,28 @@ mod tests {
         w.u64(u64::MAX);
         let block = seal(&w.bytes, [3; 16], 9, DATA + 8192, 4096);
         assert!(decode(&block, &[3; 16], DATA + 8192, 9, DATA, END).is_err());
+    }
+
+    #[test]
+    fn refuses_a_length_past_the_maps_own_blocks() {
+        // The map at DATA + 8192 says DATA + 12288.. is free; read with a damaged length of
+        // three blocks, its "own" blocks would reach into that free space, and the next
+        // commit would free space another allocation holds.
+        let at = DATA + 8192;
+        let payload = encode_payload(&[(DATA, 4096), (DATA + 12288, 8192)], DATA);
+        let mut block = seal(&payload, [3; 16], 9, at, 4096);
+        assert!(decode(&block, &[3; 16], at, 9, DATA, END).is_ok());
+        block.resize(3 * 4096, 0);
+        assert!(decode(&block, &[3; 16], at, 9, DATA, END).is_err());
+        // Reaching into used blocks instead: they are not the map's padding.
+        let payload = encode_payload(&[(DATA, 4096)], DATA);
+        let mut block = seal(&payload, [3; 16], 9, at, 4096);
+        block.resize(2 * 4096, 0x5a);
+        assert!(decode(&block, &[3; 16], at, 9, DATA, END).is_err());
+        // A block grown by an earlier commit, zeros to its end, is fine.
+        block.truncate(4096);
+        block.resize(2 * 4096, 0);
+        assert!(decode(&block, &[3; 16], at, 9, DATA, END).is_ok());
     }
 
     #[test]
