@@ -48,6 +48,57 @@ impl Writer {
     }
 }
 
+/// Writes into a slice whose size the caller computed (a log batch encoded straight into
+/// its place in a mapped file). Bytes past the end are not written: `overflowed` says so.
+pub struct SliceWriter<'a> {
+    bytes: &'a mut [u8],
+    at: usize,
+    overflowed: bool,
+}
+
+impl<'a> SliceWriter<'a> {
+    pub fn new(bytes: &'a mut [u8]) -> SliceWriter<'a> {
+        SliceWriter {
+            bytes,
+            at: 0,
+            overflowed: false,
+        }
+    }
+    pub fn u8(&mut self, v: u8) {
+        self.raw(&[v]);
+    }
+    pub fn u16(&mut self, v: u16) {
+        self.raw(&v.to_le_bytes());
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.raw(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.raw(&v.to_le_bytes());
+    }
+    pub fn raw(&mut self, v: &[u8]) {
+        let end = self.at.saturating_add(v.len());
+        match self.bytes.get_mut(self.at..end) {
+            Some(dst) => {
+                dst.copy_from_slice(v);
+                self.at = end;
+            }
+            None => self.overflowed = true,
+        }
+    }
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.at
+    }
+    pub fn is_empty(&self) -> bool {
+        self.at == 0
+    }
+    /// Whether a write did not fit.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+}
+
 pub struct Reader<'a> {
     bytes: &'a [u8],
     position: usize,

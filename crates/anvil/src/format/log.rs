@@ -12,7 +12,7 @@
 use super::coding::Reader;
 use super::record::LogicalKey;
 use super::{
-    append_block, open_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES,
+    open_block, write_block_into, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES,
     FORMAT_VERSION, HEADER_BYTES,
 };
 use crate::error::{Error, Result};
@@ -114,15 +114,19 @@ pub fn batch_bytes(entries: &[EntryRef<'_>]) -> u64 {
     units(HEADER_BYTES + payload, FORMAT_VERSION)
 }
 
-/// Appends the batch, addressed at `address`, to `out` (no intermediate copy of the
-/// values). Returns the bytes appended (`batch_bytes(entries)`).
-pub fn append_batch(
-    out: &mut Vec<u8>,
+/// Encodes the batch, addressed at `address`, into `dst`, which must be exactly
+/// `batch_bytes(entries)` long (no intermediate copy of the values: a batch is written
+/// straight into its place in the crash log's map). None if it is not.
+pub fn encode_batch_into(
+    dst: &mut [u8],
     volume_id: VolumeId,
     address: u64,
     head: &BatchHead,
     entries: &[EntryRef<'_>],
-) -> u64 {
+) -> Option<()> {
+    if dst.len() as u64 != batch_bytes(entries) {
+        return None;
+    }
     let header = BlockHeader {
         version: FORMAT_VERSION,
         block_type: BlockType::Log,
@@ -131,7 +135,7 @@ pub fn append_batch(
         address,
         payload_bytes: 0,
     };
-    let appended = append_block(out, &header, LOG_UNIT_LEN, |w| {
+    write_block_into(dst, &header, |w| {
         w.u64(head.seq);
         w.u64(head.next_obj);
         w.u64(head.salt);
@@ -171,9 +175,7 @@ pub fn append_batch(
                 }
             }
         }
-    });
-    debug_assert_eq!(appended as u64, batch_bytes(entries));
-    appended as u64
+    })
 }
 
 impl LogEntry {
@@ -210,8 +212,9 @@ impl LogBatch {
             clippy::cast_possible_truncation,
             reason = "the entries are in memory, so their encoding is a usize plus a header"
         )]
-        let mut out = Vec::with_capacity(batch_bytes(&entries) as usize);
-        append_batch(&mut out, volume_id, address, &head, &entries);
+        let mut out = vec![0u8; batch_bytes(&entries) as usize];
+        let encoded = encode_batch_into(&mut out, volume_id, address, &head, &entries);
+        debug_assert!(encoded.is_some(), "batch_bytes sized the batch");
         out
     }
 

@@ -12,7 +12,7 @@ pub mod superblock;
 
 use crate::checksum::{checksum, checksum_parts};
 use crate::error::{Error, Result};
-use coding::{Reader, Writer};
+use coding::{Reader, SliceWriter, Writer};
 
 /// The format version this build writes and the newest it reads.
 pub const FORMAT_VERSION: u16 = 4;
@@ -94,33 +94,67 @@ pub fn append_block(
     let mut w = Writer {
         bytes: std::mem::take(out),
     };
+    w.raw(&header_bytes(header));
+    write(&mut w);
+    let mut bytes = w.bytes;
+    let payload = bytes.len() - start - HEADER_BYTES;
+    seal_in_place(&mut bytes[start..], payload);
+    let total = (HEADER_BYTES + payload).div_ceil(unit) * unit;
+    bytes.resize(start + total, 0);
+    *out = bytes;
+    total
+}
+
+/// Writes a block of exactly `dst.len()` bytes into `dst` (which the caller sized as
+/// header, payload and padding to its unit): header, the payload `write` produces, zeros to
+/// the end. None, with `dst` in an unspecified state, if the payload did not fit.
+pub fn write_block_into(
+    dst: &mut [u8],
+    header: &BlockHeader,
+    write: impl FnOnce(&mut SliceWriter<'_>),
+) -> Option<()> {
+    let (head, body) = dst.split_at_mut_checked(HEADER_BYTES)?;
+    head.copy_from_slice(&header_bytes(header));
+    let mut w = SliceWriter::new(body);
+    write(&mut w);
+    if w.overflowed() {
+        return None;
+    }
+    let payload = w.len();
+    body[payload..].fill(0);
+    seal_in_place(&mut dst[..HEADER_BYTES + payload], payload);
+    Some(())
+}
+
+/// The header's 64 bytes with the payload length and checksum as zero (`seal_in_place`
+/// fills them once the payload is written).
+fn header_bytes(header: &BlockHeader) -> [u8; HEADER_BYTES] {
+    let mut out = [0u8; HEADER_BYTES];
+    let mut w = SliceWriter::new(&mut out);
     w.u32(BLOCK_MAGIC);
     w.u16(header.version);
     w.u16(header.block_type as u16);
     w.raw(&header.volume_id);
     w.u64(header.tid);
     w.u64(header.address);
-    w.u32(0); // payload length, filled below
-    w.u32(0);
-    w.u64(0); // checksum, filled below
-    w.u64(0);
-    write(&mut w);
-    let mut bytes = w.bytes;
-    let payload = bytes.len() - start - HEADER_BYTES;
+    // The payload length (at PAYLOAD_BYTES_AT), a reserved word, the checksum (at
+    // CHECKSUM_AT) and reserved bytes stay zero here.
+    debug_assert_eq!(w.len(), PAYLOAD_BYTES_AT);
+    out
+}
+
+/// Fills in the payload length and the checksum of `block`: a header and `payload` bytes,
+/// without padding (the checksum covers exactly those).
+fn seal_in_place(block: &mut [u8], payload: usize) {
     #[expect(
         clippy::cast_possible_truncation,
         reason = "a payload is a node or superblock (16 KiB at most), a log batch (8 MiB at \
                   most) or a space map (two bytes a free range)"
     )]
     let payload_bytes = payload as u32;
-    bytes[start + PAYLOAD_BYTES_AT..start + PAYLOAD_BYTES_AT + 4]
-        .copy_from_slice(&payload_bytes.to_le_bytes());
-    let sum = checksum(&bytes[start..]);
-    bytes[start + CHECKSUM_AT..start + CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
-    let total = (HEADER_BYTES + payload).div_ceil(unit) * unit;
-    bytes.resize(start + total, 0);
-    *out = bytes;
-    total
+    block[PAYLOAD_BYTES_AT..PAYLOAD_BYTES_AT + 4].copy_from_slice(&payload_bytes.to_le_bytes());
+    let sum = checksum(&block[..HEADER_BYTES + payload]);
+    block[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
 }
 
 /// What a reader expects of a block it is about to trust.

@@ -28,7 +28,7 @@ use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::log::{
-    append_batch, batch_bytes, BatchHead, EntryRef, LogBatch, LogEntry, LogValue, ValueRef,
+    batch_bytes, encode_batch_into, BatchHead, EntryRef, LogBatch, LogEntry, LogValue, ValueRef,
     LOG_UNIT_BYTES, LOG_UNIT_LEN,
 };
 use crate::format::node::Node;
@@ -1751,46 +1751,73 @@ impl Volume {
         let Some(pos) = ring.place(len) else {
             return Ok(false);
         };
-        let prefix: &[u8] = if pos == ring.head { &ring.page } else { &[] };
-        let start = pos - prefix.len() as u64;
+        // The page's start as the last append left it; it becomes the new head's page.
+        let mut page = std::mem::take(&mut ring.page);
+        if pos != ring.head {
+            page.clear();
+        }
+        let start = pos - page.len() as u64;
         debug_assert_eq!(start % LOG_PAGE_BYTES, 0);
         let end = (pos + len).div_ceil(LOG_PAGE_BYTES) * LOG_PAGE_BYTES;
-        // A buffer kept from the last append: a fresh one costs a page fault per page.
+        let head = pos + len;
+        let head_page = head / LOG_PAGE_BYTES * LOG_PAGE_BYTES;
         #[expect(
             clippy::cast_possible_truncation,
             reason = "a batch is at most LOG_BATCH_BYTES_MAX (8 MiB), with under a page on \
-                      either side"
+                      either side; start <= head_page <= head <= end"
         )]
-        let span = (end - start) as usize;
-        let mut pages = std::mem::take(&mut ring.scratch);
-        pages.clear();
-        pages.reserve(span);
-        pages.extend_from_slice(prefix);
-        let fields = ring.batch_head(next_obj);
-        append_batch(
-            &mut pages,
-            self.volume_id,
-            LOG_OFFSET + pos,
-            &fields,
-            entries,
+        let (span, batch_at, batch_end, page_at, page_end) = (
+            (end - start) as usize,
+            (pos - start) as usize,
+            (head - start) as usize,
+            (head_page - start) as usize,
+            (head - start) as usize,
         );
-        pages.resize(span, 0);
-        let written = match &self.shadow {
-            Some(shadow) => shadow.write_at(&pages, start),
-            None => self.device.write_staged_at(&pages, LOG_OFFSET + start),
+        let fields = ring.batch_head(next_obj);
+        let volume_id = self.volume_id;
+        // Encodes the batch where it is written: the page's old start, the batch, zeros to
+        // the page's end. Keeps the new head page's start in `page`.
+        let mut fill = |pages: &mut [u8]| -> Option<()> {
+            pages[..batch_at].copy_from_slice(&page);
+            encode_batch_into(
+                &mut pages[batch_at..batch_end],
+                volume_id,
+                LOG_OFFSET + pos,
+                &fields,
+                entries,
+            )?;
+            pages[batch_end..].fill(0);
+            page.clear();
+            page.extend_from_slice(&pages[page_at..page_end]);
+            Some(())
         };
-        let head = pos + len;
-        let head_page = head / LOG_PAGE_BYTES * LOG_PAGE_BYTES;
-        ring.page.clear();
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "start <= head_page <= head <= end, so both are at most span, a usize"
-        )]
-        ring.page
-            .extend_from_slice(&pages[(head_page - start) as usize..(head - start) as usize]);
-        if pages.capacity() <= SCRATCH_BYTES_MAX {
-            ring.scratch = pages;
-        }
+        let written = match &self.shadow {
+            // Straight into the shadow's map: no copy of the batch.
+            Some(shadow) => shadow.write_with(start, span, fill),
+            None => {
+                // A buffer kept from the last append: a fresh one costs a page fault per page.
+                let mut pages = std::mem::take(&mut ring.scratch);
+                pages.clear();
+                pages.resize(span, 0);
+                let encoded = fill(&mut pages);
+                let written = self
+                    .device
+                    .write_staged_at(&pages, LOG_OFFSET + start)
+                    .map(|()| encoded);
+                if pages.capacity() <= SCRATCH_BYTES_MAX {
+                    ring.scratch = pages;
+                }
+                written
+            }
+        };
+        let written = match written {
+            Ok(Some(())) => Ok(()),
+            Ok(None) => Err(std::io::Error::other(
+                "a log batch did not fit the size computed for it",
+            )),
+            Err(e) => Err(e),
+        };
+        ring.page = page;
         if let Err(e) = written {
             let e = Error::Io(e);
             self.fail_read_only(&e);

@@ -78,19 +78,26 @@ impl ShadowLog {
         Ok(())
     }
 
-    /// Writes `buf` at ring position `pos`.
-    pub fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+    /// Writes the `len` bytes at ring position `pos` that `fill` puts in the slice it is
+    /// given: in place, in the map, when the span lies inside it (no copy), or else through
+    /// a buffer and a write.
+    pub fn write_with<T>(
+        &self,
+        pos: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> T,
+    ) -> io::Result<T> {
         if let Some(map) = self.map.lock().as_mut() {
             let start = usize::try_from(pos).ok();
-            let end = start.and_then(|s| s.checked_add(buf.len()));
-            if let (Some(start), Some(end)) = (start, end) {
-                if end <= map.len() {
-                    map[start..end].copy_from_slice(buf);
-                    return Ok(());
-                }
+            let end = start.and_then(|s| s.checked_add(len));
+            if let Some(span) = start.zip(end).and_then(|(s, e)| map.get_mut(s..e)) {
+                return Ok(fill(span));
             }
         }
-        self.file.write_all_at(buf, pos)
+        let mut buf = vec![0u8; len];
+        let filled = fill(&mut buf);
+        self.file.write_all_at(&buf, pos)?;
+        Ok(filled)
     }
 
     /// Reads `buf.len()` bytes at ring position `pos`; past the file's end reads zeros, as
