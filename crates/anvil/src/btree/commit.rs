@@ -188,7 +188,7 @@ pub fn apply(ctx: &mut CommitContext<'_>, root: Root, mutations: &[Mutation]) ->
         level = 0;
         apply_leaf(ctx, Vec::new(), mutations)?
     } else {
-        apply_node(ctx, root.address, root.level, mutations)?
+        apply_node(ctx, root.address, root.level, mutations, (None, None))?
     };
     if nodes.is_empty() {
         return Ok(Root::EMPTY);
@@ -271,13 +271,39 @@ fn find(ctx: &CommitContext<'_>, root: Root, key: Key) -> Result<Option<Element>
     }
 }
 
+/// The keys a node may hold, as its ancestors give them: from the first key its parent
+/// records for it (none for a first child: its parent's own bound), up to the next
+/// sibling's first key (none for a last child: its parent's own bound), exclusive.
+type Bounds = (Option<Key>, Option<Key>);
+
 fn apply_node(
     ctx: &mut CommitContext<'_>,
     address: u64,
     level: u8,
     mutations: &[Mutation],
+    (lo, hi): Bounds,
 ) -> Result<Vec<Child>> {
     let node = ctx.fetch(address, level)?;
+    // A damaged node whose keys lie outside its range would be rebuilt with keys that no
+    // search reaches (they route to a sibling): refuse to write that tree.
+    let keys = match &*node {
+        Node::Leaf(elements) => elements
+            .first()
+            .map(|e| e.key)
+            .zip(elements.last().map(|e| e.key)),
+        Node::Internal { children, .. } => children
+            .get(1)
+            .map(|c| c.0)
+            .zip(children.last().map(|c| c.0)),
+    };
+    if let Some((first, last)) = keys {
+        if lo.is_some_and(|lo| first < lo) || hi.is_some_and(|hi| last >= hi) {
+            return Err(Error::corrupt(
+                "a node's keys lie outside the range its parent gives it",
+                format!("node at byte {address}"),
+            ));
+        }
+    }
     ctx.freed.push((address, NODE_BYTES as u64));
     ctx.loader.cache.remove_node(address);
     match &*node {
@@ -303,7 +329,21 @@ fn apply_node(
                 if mine.is_empty() {
                     new_children.push(untouched(&children[index]));
                 } else {
-                    new_children.extend(apply_node(ctx, children[index].1, level - 1, mine)?);
+                    let bounds = (
+                        if index == 0 {
+                            lo
+                        } else {
+                            Some(children[index].0)
+                        },
+                        upper.or(hi),
+                    );
+                    new_children.extend(apply_node(
+                        ctx,
+                        children[index].1,
+                        level - 1,
+                        mine,
+                        bounds,
+                    )?);
                 }
                 index += 1;
                 // Skip straight to the child holding the next mutation.
