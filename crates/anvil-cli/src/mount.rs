@@ -31,6 +31,8 @@ struct Config {
     device_log: Option<std::path::PathBuf>,
     transport: Transport,
     queue_depth: u16,
+    /// io_uring: the largest request and each ring entry's buffer (from the budget).
+    max_write: u32,
     idle_workers: bool,
     /// O_DIRECT on the device (`device_io=direct`, the default) or the host's page cache.
     direct_io: bool,
@@ -65,6 +67,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         device_log: None,
         transport: Transport::Auto,
         queue_depth: uring::DEFAULT_QUEUE_DEPTH,
+        max_write: uring::MAX_WRITE,
         idle_workers: true,
         direct_io: true,
         nosuid: false,
@@ -333,8 +336,10 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
         Err(e) => return startup_error(e),
     };
     if use_uring {
-        // The rings' buffers come out of the memory budget.
-        let rings = uring::ring_bytes(config.queue_depth);
+        // The rings' buffers come out of the memory budget, and a small budget gets smaller
+        // buffers.
+        config.max_write = uring::max_write_for(config.queue_depth, config.mount.cache_bytes);
+        let rings = uring::ring_bytes(config.queue_depth, config.max_write);
         config.mount.cache_bytes = config.mount.cache_bytes.saturating_sub(rings).max(16 << 20);
     }
     if config.idle_workers {
@@ -420,6 +425,7 @@ fn serve_backend<B: Backend>(
             read_only,
             privileged: root,
             queue_depth: config.queue_depth,
+            max_write: config.max_write,
             idle_workers: config.idle_workers,
             nosuid: config.nosuid,
             nodev: config.nodev,
@@ -428,9 +434,10 @@ fn serve_backend<B: Backend>(
         match uring::Session::mount(&*backend, dir, &mount_config) {
             Ok(session) => {
                 log::info!(
-                    "transport: io_uring ({why}; {} queues x {} entries)",
+                    "transport: io_uring ({why}; {} queues x {} entries of {} KiB)",
                     uring::queue_count(),
-                    config.queue_depth
+                    config.queue_depth,
+                    config.max_write >> 10
                 );
                 on_signal_unmount(dir, None);
                 return Ok(session.run(backend, announce));

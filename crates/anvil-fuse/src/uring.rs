@@ -38,8 +38,11 @@ use std::time::{Duration, Instant};
 
 /// Where the kernel says whether FUSE over io_uring is allowed.
 pub const ENABLE_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
-/// Largest WRITE the kernel sends (and the payload buffer of every ring entry).
+/// Largest WRITE the kernel sends (and the payload buffer of every ring entry), unless a
+/// small memory budget asks for less (`max_write_for`).
 pub const MAX_WRITE: u32 = 1 << 20;
+/// The smallest payload buffer a small budget gets: a 64 KiB chunk and then some.
+pub const MAX_WRITE_MIN: u32 = 128 << 10;
 /// Ring entries per queue by default: requests one CPU can have in flight.
 pub const DEFAULT_QUEUE_DEPTH: u16 = 8;
 
@@ -77,11 +80,24 @@ pub fn queue_count() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Bytes of ring buffers a mount with this queue depth pins (header page and payload per
-/// entry, every queue); counted against the daemon's memory budget.
-pub fn ring_bytes(queue_depth: u16) -> u64 {
-    let per_entry = 4096 + MAX_WRITE as u64;
+/// Bytes of ring buffers a mount with this queue depth and payload size pins (header page
+/// and payload per entry, every queue); counted against the daemon's memory budget.
+pub fn ring_bytes(queue_depth: u16, max_write: u32) -> u64 {
+    let per_entry = 4096 + max_write as u64;
     per_entry * queue_depth as u64 * queue_count() as u64
+}
+
+/// The payload size for a daemon with `budget_bytes` of memory: `MAX_WRITE`, halved (down
+/// to `MAX_WRITE_MIN`) while the rings would take more than a quarter of the budget. Every
+/// entry's buffer is touched by the largest requests sooner or later, so under a small
+/// memory limit 1 MiB buffers cost more than the cache they push out (16.5 MiB of rings
+/// against a 32 MiB budget, where a proxy replay under 256 MiB was killed for memory).
+pub fn max_write_for(queue_depth: u16, budget_bytes: u64) -> u32 {
+    let mut max_write = MAX_WRITE;
+    while max_write > MAX_WRITE_MIN && ring_bytes(queue_depth, max_write) > budget_bytes / 4 {
+        max_write /= 2;
+    }
+    max_write
 }
 
 /// How the mount is made.
@@ -92,6 +108,9 @@ pub struct MountConfig {
     /// classic mount does); otherwise `fusermount3`.
     pub privileged: bool,
     pub queue_depth: u16,
+    /// Largest WRITE (and READ) the kernel sends, and each ring entry's payload buffer
+    /// (`max_write_for`).
+    pub max_write: u32,
     /// Workers run under SCHED_IDLE (see `set_idle_policy`).
     pub idle_workers: bool,
     /// The kernel's mount flags `nosuid`, `nodev` and `noexec` (mount(8)'s options).
@@ -105,6 +124,7 @@ pub struct Session {
     fd: Arc<OwnedFd>,
     dir: PathBuf,
     queue_depth: u16,
+    max_write: u32,
     idle_workers: bool,
 }
 
@@ -129,9 +149,10 @@ impl Session {
             fd,
             dir: dir.to_path_buf(),
             queue_depth: config.queue_depth.max(1),
+            max_write: config.max_write.clamp(MAX_WRITE_MIN, MAX_WRITE),
             idle_workers: config.idle_workers,
         };
-        if let Err(e) = init(session.fd.as_fd(), adapter.writeback()) {
+        if let Err(e) = init(session.fd.as_fd(), adapter.writeback(), session.max_write) {
             session.unmount();
             return Err(e);
         }
@@ -160,12 +181,13 @@ impl Session {
             let fs = Uring(adapter.clone());
             let fd = self.fd.as_raw_fd();
             let depth = self.queue_depth;
+            let max_write = self.max_write;
             let idle = self.idle_workers;
             let failed = failed.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("anvil-uring-{qid}"))
                 .spawn(move || {
-                    if let Err(e) = run_queue(fd, qid, depth, fs, idle) {
+                    if let Err(e) = run_queue(fd, qid, depth, max_write, fs, idle) {
                         log::error!("io_uring queue {qid}: {e}");
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -175,9 +197,10 @@ impl Session {
         let reader = {
             let fd = self.fd.clone();
             let adapter = adapter.clone();
+            let max_write = self.max_write;
             std::thread::Builder::new()
                 .name("anvil-fuse-dev".to_string())
-                .spawn(move || serve_dev_fuse(fd.as_fd(), &*adapter))?
+                .spawn(move || serve_dev_fuse(fd.as_fd(), &*adapter, max_write))?
         };
         match self.wait_ready(&failed) {
             Ok(()) => ready(),
@@ -271,7 +294,7 @@ fn mount_directly(dir: &Path, config: &MountConfig) -> io::Result<OwnedFd> {
 }
 
 /// Answers FUSE_INIT: the classic transport's capabilities plus FUSE_OVER_IO_URING.
-fn init(fd: BorrowedFd<'_>, writeback: bool) -> io::Result<()> {
+fn init(fd: BorrowedFd<'_>, writeback: bool, max_write: u32) -> io::Result<()> {
     let mut buf = vec![0u8; 8192];
     let n = read_fd(fd, &mut buf)?;
     let header: fuse_in_header = read_struct(&buf[..n], 0)?;
@@ -317,13 +340,13 @@ fn init(fd: BorrowedFd<'_>, writeback: bool) -> io::Result<()> {
         flags: (want & 0xffff_ffff) as u32,
         max_background: 64,
         congestion_threshold: 48,
-        max_write: MAX_WRITE,
+        max_write,
         time_gran: 1,
         #[expect(
             clippy::cast_possible_truncation,
-            reason = "MAX_WRITE is 1 MiB: 256 pages"
+            reason = "max_write is at most MAX_WRITE, 1 MiB: 256 pages"
         )]
-        max_pages: (MAX_WRITE / 4096) as u16,
+        max_pages: (max_write / 4096) as u16,
         map_alignment: 0,
         flags2: (want >> 32) as u32,
         max_stack_depth: 0,
@@ -352,6 +375,7 @@ fn run_queue<B: Backend>(
     fd: i32,
     qid: usize,
     depth: u16,
+    max_write: u32,
     fs: Uring<B>,
     idle: bool,
 ) -> io::Result<()> {
@@ -364,7 +388,7 @@ fn run_queue<B: Backend>(
     let rt = Runtime::builder().thread_affinity(cpus).build()?;
     rt.block_on(async move {
         register_files(&[fd])?;
-        let entries = allocate_ring_entries(depth, MAX_WRITE as usize)?;
+        let entries = allocate_ring_entries(depth, max_write as usize)?;
         let fs = Rc::new(fs);
         let mut tasks = FuturesUnordered::new();
         for mut entry in entries {
@@ -429,8 +453,8 @@ async fn submit<T: compio_driver::OpCode + 'static>(op: T) -> io::Result<bool> {
 
 /// Serves /dev/fuse beside the rings: FORGETs and INTERRUPTs, and EIO for any request made
 /// before every queue was registered (only the readiness probe makes those).
-fn serve_dev_fuse<B: Backend>(fd: BorrowedFd<'_>, adapter: &B) {
-    let mut buf = vec![0u8; MAX_WRITE as usize + 4096];
+fn serve_dev_fuse<B: Backend>(fd: BorrowedFd<'_>, adapter: &B, max_write: u32) {
+    let mut buf = vec![0u8; max_write as usize + 4096];
     loop {
         let n = match read_fd(fd, &mut buf) {
             Ok(n) => n,

@@ -61,9 +61,9 @@ const SCRATCH_BYTES_MAX: usize = 4 << 20;
 /// pages stay allocated while the volume is busy (rewriting them is cheaper than
 /// allocating them), so this is the memory it may hold.
 const SHADOW_RING_BYTES_MAX: u64 = 64 << 20;
-/// With a crash log file, the ring uses at least this much of the log region (twice the
-/// largest batch), however small the cache budget.
-const SHADOW_RING_BYTES_MIN: u64 = 2 * LOG_BATCH_BYTES_MAX;
+/// With a crash log file, the ring uses at least this much of the log region, however small
+/// the cache budget (its largest batch is a quarter of it; larger changes commit instead).
+const SHADOW_RING_BYTES_MIN: u64 = 4 << 20;
 
 /// The part of the log region a writer with a crash log file uses: the file's pages are
 /// memory (tmpfs, charged to the daemon's memory cgroup), so the ring takes a quarter of

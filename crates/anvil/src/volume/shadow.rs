@@ -16,7 +16,7 @@
 //! on another machine) the region alone holds what was fsync'd.
 //!
 //! Memory: the ring uses a quarter of the cache budget of the region when it has a
-//! shadow, 16 to 64 MiB (`shadow_ring_bytes`). Between fsyncs the shadow's pages stay allocated, also those a
+//! shadow, 4 to 64 MiB (`shadow_ring_bytes`). Between fsyncs the shadow's pages stay allocated, also those a
 //! commit made dead, because tmpfs allocating, zeroing and charging a fresh page for every
 //! append cost more than the append's copy (64 KiB rewrites took 67 us each instead of
 //! 46 us when every commit punched the dead pages out). An fsync frees what it copied, an
