@@ -130,7 +130,11 @@ impl<'a> AsOf<'a> {
             });
         }
         let want = limit.saturating_sub(out.len());
-        for (key, value) in self.records(ino, rtype::DIRENT, cookie.max(2) + 1, u64::MAX, want)? {
+        // A damaged entry may carry the largest key as its cookie: nothing follows it.
+        let Some(from) = cookie.max(2).checked_add(1) else {
+            return Ok(out);
+        };
+        for (key, value) in self.records(ino, rtype::DIRENT, from, u64::MAX, want)? {
             let entry = Dirent::decode(&self.bytes(&value)?)?;
             out.push(DirEntry {
                 name: entry.name,
