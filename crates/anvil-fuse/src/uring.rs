@@ -1030,3 +1030,29 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         self.0.removexattr(inode.0, name.as_bytes())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_budget_gets_smaller_ring_buffers() {
+        let depth = DEFAULT_QUEUE_DEPTH;
+        // The default budget keeps 1 MiB requests.
+        assert_eq!(max_write_for(depth, 256 << 20), MAX_WRITE);
+        // Smaller budgets halve it until the rings take at most a quarter...
+        let mut last = MAX_WRITE;
+        for budget in [128u64 << 20, 64 << 20, 32 << 20, 16 << 20, 4 << 20, 0] {
+            let max_write = max_write_for(depth, budget);
+            assert!(max_write <= last, "{budget}: {max_write} > {last}");
+            assert!(max_write.is_power_of_two() && max_write >= MAX_WRITE_MIN);
+            assert!(
+                max_write == MAX_WRITE_MIN || ring_bytes(depth, max_write) <= budget / 4,
+                "{budget}: rings of {max_write} take more than a quarter"
+            );
+            last = max_write;
+        }
+        // ...and never below what a chunk needs.
+        assert_eq!(max_write_for(depth, 0), MAX_WRITE_MIN);
+    }
+}
