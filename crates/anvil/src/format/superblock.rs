@@ -160,7 +160,7 @@ impl Superblock {
         if self.log_start >= self.log_bytes || self.log_start % LOG_UNIT_BYTES != 0 {
             return fail("log start out of range");
         }
-        if self.data_offset != self.log_offset + self.log_bytes
+        if self.log_offset.checked_add(self.log_bytes) != Some(self.data_offset)
             || self.data_offset >= self.volume_bytes
         {
             return fail("data area out of range");
@@ -168,7 +168,10 @@ impl Superblock {
         let root_ok = self.root_address == 0
             || (self.root_address >= self.data_offset
                 && self.root_address % BLOCK_BYTES == 0
-                && self.root_address + super::NODE_BYTES as u64 <= self.volume_bytes);
+                && self
+                    .root_address
+                    .checked_add(super::NODE_BYTES as u64)
+                    .is_some_and(|end| end <= self.volume_bytes));
         if !root_ok || self.root_level > 32 {
             return fail("root pointer out of range");
         }
@@ -268,6 +271,17 @@ mod tests {
         sb.log_salt = 0;
         let bytes = as_written_by_older(&sb, 16, 2);
         assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
+    }
+
+    #[test]
+    fn refuses_pointers_whose_end_does_not_fit_a_u64() {
+        // Found by fuzzing: `root_address + NODE_BYTES` overflowed before the bound check.
+        let mut sb = sample();
+        sb.root_address = u64::MAX - 4095;
+        assert!(sb.validate(sb.address()).is_err());
+        let mut sb = sample();
+        sb.log_bytes = u64::MAX - 4095;
+        assert!(sb.validate(sb.address()).is_err());
     }
 
     #[test]
