@@ -89,9 +89,10 @@ pub fn ring_bytes(queue_depth: u16, max_write: u32) -> u64 {
 
 /// The payload size for a daemon with `budget_bytes` of memory: `MAX_WRITE`, halved (down
 /// to `MAX_WRITE_MIN`) while the rings would take more than a quarter of the budget. Every
-/// entry's buffer is touched by the largest requests sooner or later, so under a small
-/// memory limit 1 MiB buffers cost more than the cache they push out (16.5 MiB of rings
-/// against a 32 MiB budget, where a proxy replay under 256 MiB was killed for memory).
+/// entry's buffers are mapped populated (`fractal_fuse::ring::RingEntry::new`), so the rings
+/// are resident from the start: under a small memory limit 1 MiB buffers cost more than the
+/// cache they push out (16.5 MiB of rings against a 32 MiB budget, where a proxy replay
+/// under 256 MiB was killed for memory).
 pub fn max_write_for(queue_depth: u16, budget_bytes: u64) -> u32 {
     let mut max_write = MAX_WRITE;
     while max_write > MAX_WRITE_MIN && ring_bytes(queue_depth, max_write) > budget_bytes / 4 {
