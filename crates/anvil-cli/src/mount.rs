@@ -419,6 +419,16 @@ fn serve_backend<B: Backend>(
 ) -> Result<std::io::Result<()>, String> {
     let root = unsafe { libc::geteuid() } == 0;
     let announce = || announce_ready(fs_name, dir);
+    // Resolved now: once mounted, resolving the path would ask the daemon.
+    let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let readahead = |max_readahead: u32| {
+        if root {
+            match anvil_fuse::raise_readahead(&absolute, max_readahead) {
+                Ok(()) => log::info!("read-ahead: {} KiB", max_readahead >> 10),
+                Err(e) => log::warn!("read-ahead stays at the kernel's default: {e}"),
+            }
+        }
+    };
     if use_uring {
         let mount_config = uring::MountConfig {
             fs_name: fs_name.to_string(),
@@ -433,6 +443,7 @@ fn serve_backend<B: Backend>(
         };
         match uring::Session::mount(&*backend, dir, &mount_config) {
             Ok(session) => {
+                readahead(uring::MAX_READAHEAD);
                 log::info!(
                     "transport: io_uring ({why}; {} queues x {} entries of {} KiB)",
                     uring::queue_count(),
@@ -453,6 +464,7 @@ fn serve_backend<B: Backend>(
     log::info!("transport: classic /dev/fuse ({why})");
     let mut session = classic_session(backend, dir, fs_name, read_only, root, config)
         .map_err(|e| format!("cannot mount on {}: {e}", dir.display()))?;
+    readahead(uring::MAX_READAHEAD);
     on_signal_unmount(dir, Some(session.unmount_callable()));
     announce();
     // fuser's worker threads inherit the policy of this thread.

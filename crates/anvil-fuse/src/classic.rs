@@ -151,7 +151,7 @@ impl<B: Backend> fuser::Filesystem for Classic<B> {
         let available = config.capabilities() & wanted;
         let _ = config.add_capabilities(available);
         let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_readahead(crate::uring::MAX_READAHEAD);
         let _ = config.set_max_background(64);
         let _ = config.set_time_granularity(Duration::from_nanos(1));
         self.0.counters().set_transport("classic");

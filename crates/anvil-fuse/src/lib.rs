@@ -816,6 +816,59 @@ pub fn set_idle_policy(idle: bool) {
     }
 }
 
+/// Raises the read-ahead window of the FUSE mount on `dir` (absolute, resolved before it
+/// was mounted) to `bytes`, where the kernel leaves it at its default of 128 KiB whatever
+/// FUSE_INIT offers (it takes the smaller of the two). With 128 KiB a cold sequential read
+/// reaches the daemon as one 128 KiB READ at a time, each waiting for the device; with
+/// 1 MiB, measured on the test VM, a cold 256 MiB read by 4 KiB records went from 358 to
+/// 469 MB/s and by 64 KiB records from 409 to 945 MB/s. Needs root (sysfs); returns why
+/// not otherwise. Reads /proc/self/mountinfo rather than stat'ing the mount, which would
+/// wait for a daemon that may not serve yet.
+pub fn raise_readahead(dir: &std::path::Path, bytes: u32) -> std::result::Result<(), String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    let want = dir.to_string_lossy();
+    // Fields: id parent major:minor root mountpoint ...; the last match is the newest mount.
+    let device = mountinfo
+        .lines()
+        .rev()
+        .find_map(|line| {
+            let mut fields = line.split(' ');
+            let device = fields.nth(2)?;
+            let point = fields.nth(1)?;
+            (unescape_mountinfo(point) == want).then(|| device.to_string())
+        })
+        .ok_or_else(|| format!("{want} is not in /proc/self/mountinfo"))?;
+    let path = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    std::fs::write(&path, format!("{}\n", bytes >> 10)).map_err(|e| format!("{path}: {e}"))
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space) undone.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| {
+                let value = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                u8::try_from(value).ok()
+            });
+        match octal {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn is_dot(name: &[u8]) -> bool {
     name == b"." || name == b".."
 }
@@ -854,5 +907,19 @@ fn warn_full() {
              versions: run `anvil prune MOUNTPOINT` or `anvil prune-everything MOUNTPOINT` \
              (`anvil info MOUNTPOINT` shows how much is history)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo("/x\\134y\\011"), "/x\\y\t");
+        // Not an escape: left as it is.
+        assert_eq!(unescape_mountinfo("/a\\9zz\\777"), "/a\\9zz\\777");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
     }
 }

@@ -43,6 +43,9 @@ pub const ENABLE_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 pub const MAX_WRITE: u32 = 1 << 20;
 /// The smallest payload buffer a small budget gets: a 64 KiB chunk and then some.
 pub const MAX_WRITE_MIN: u32 = 128 << 10;
+/// The read-ahead window both transports offer in FUSE_INIT (and set on the mount's
+/// backing device, see `raise_readahead`).
+pub const MAX_READAHEAD: u32 = 1 << 20;
 /// Ring entries per queue by default: requests one CPU can have in flight.
 pub const DEFAULT_QUEUE_DEPTH: u16 = 8;
 
@@ -337,7 +340,7 @@ fn init(fd: BorrowedFd<'_>, writeback: bool, max_write: u32) -> io::Result<()> {
     let out = fuse_init_out {
         major: FUSE_KERNEL_VERSION,
         minor: FUSE_KERNEL_MINOR_VERSION.min(arg.minor),
-        max_readahead: arg.max_readahead.min(1 << 20),
+        max_readahead: arg.max_readahead.min(MAX_READAHEAD),
         flags: (want & 0xffff_ffff) as u32,
         max_background: 64,
         congestion_threshold: 48,

@@ -466,3 +466,34 @@ fn patched_chunks_are_folded_in_the_background() {
     }
     assert_clean(&fs);
 }
+
+/// With a crash log file, an fsync copies what the image's log region lacks into it, unless
+/// that is more than 1 MiB: then it commits, and the data is written once, in place.
+#[test]
+fn a_large_fsync_commits_and_a_small_one_copies_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = MountOptions {
+        crash_log_file: Some(dir.path().join("crash.log")),
+        ..options()
+    };
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 1 << 30, "fsync").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options).unwrap();
+    let before = fs.info().committed_tid;
+    fs.write_file("/small", b"a few bytes").unwrap();
+    let ino = fs.resolve("/small").unwrap();
+    fs.fsync(ino).unwrap();
+    assert_eq!(
+        fs.info().committed_tid,
+        before,
+        "a small fsync copies the log"
+    );
+    assert!(fs.info().pending_bytes > 0);
+    fs.write_file("/big", &text(1_500_000, 1)).unwrap();
+    let ino = fs.resolve("/big").unwrap();
+    fs.fsync(ino).unwrap();
+    assert!(fs.info().committed_tid > before, "a large fsync commits");
+    assert_eq!(fs.info().pending_bytes, 0);
+    assert_eq!(fs.read_file("/big").unwrap(), text(1_500_000, 1));
+    assert_clean(&fs);
+}

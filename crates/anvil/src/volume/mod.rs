@@ -64,6 +64,9 @@ const SHADOW_RING_BYTES_MAX: u64 = 64 << 20;
 /// With a crash log file, the ring uses at least this much of the log region, however small
 /// the cache budget (its largest batch is a quarter of it; larger changes commit instead).
 const SHADOW_RING_BYTES_MIN: u64 = 4 << 20;
+/// An fsync that would copy at least this much of the crash log into the image's log
+/// region commits instead (`sync_log`).
+const SYNC_COMMIT_BYTES: u64 = 1 << 20;
 
 /// The part of the log region a writer with a crash log file uses: the file's pages are
 /// memory (tmpfs, charged to the daemon's memory cgroup), so the ring takes a quarter of
@@ -1858,6 +1861,15 @@ impl Volume {
             };
         }
         self.log_changes()?;
+        if self.unsynced_log_bytes() >= SYNC_COMMIT_BYTES {
+            // Mostly file data: copied to the image's log region, the same bytes would be
+            // written again by the next commit, so commit now and write them once (a
+            // 256 MiB file written and fsync'd spent a sixth of the daemon's time copying
+            // the crash log to the image). Every change made before this call is in the
+            // group this commit freezes, or in one committed before it.
+            self.commit()?;
+            return Ok(());
+        }
         // Counted before the shadow is copied: every batch counted is in the copy.
         let written = self.log_appends.load(Ordering::Acquire);
         if self.log_flushed.load(Ordering::Acquire) >= written {
@@ -1873,6 +1885,18 @@ impl Volume {
         self.log_flushed.fetch_max(written, Ordering::AcqRel);
         self.forget_synced_shadow();
         Ok(())
+    }
+
+    /// Bytes of the crash log (the shadow) that the image's log region lacks.
+    fn unsynced_log_bytes(&self) -> u64 {
+        if self.shadow.is_none() {
+            return 0;
+        }
+        let ring = self.log.lock();
+        match ring.unsynced_from {
+            None => 0,
+            Some(from) => (ring.head + ring.size - from) % ring.size,
+        }
     }
 
     /// After an fsync: the shadow lets go of the pages the image's region holds (recovery
