@@ -17,31 +17,33 @@ step "format and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# The mount tests run once per transport the machine offers.
-TRANSPORTS=(classic)
+# The mount tests run once per transport the machine offers, and once more on the
+# /dev/fuse transport with the kernel's writeback cache (a killed daemon is replaced there).
+CONFIGS=(transport=classic)
 if [[ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" == Y ]]; then
-    TRANSPORTS=(uring classic)
+    CONFIGS=(transport=uring transport=classic)
 else
     echo "FUSE over io_uring is not offered here: mount tests run on the classic transport only"
 fi
+CONFIGS+=(transport=devfuse,writeback)
 
 # Mount tests must not skip in CI: without root or FUSE they fail loudly.
-for t in "${TRANSPORTS[@]}"; do
-    if [[ "$t" == "${TRANSPORTS[0]}" ]]; then
-        step "cargo tests (engine, crash simulation, model tests; mount tests on transport=$t)"
-        ANVIL_TEST_MOUNT_OPTS="transport=$t" ANVIL_REQUIRE_FUSE=1 cargo test --workspace --locked
+for c in "${CONFIGS[@]}"; do
+    if [[ "$c" == "${CONFIGS[0]}" ]]; then
+        step "cargo tests (engine, crash simulation, model tests; mount tests with -o $c)"
+        ANVIL_TEST_MOUNT_OPTS="$c" ANVIL_REQUIRE_FUSE=1 cargo test --workspace --locked
     else
-        step "mount tests on transport=$t"
-        ANVIL_TEST_MOUNT_OPTS="transport=$t" ANVIL_REQUIRE_FUSE=1 cargo test -p anvil-cli --locked
+        step "mount tests with -o $c"
+        ANVIL_TEST_MOUNT_OPTS="$c" ANVIL_REQUIRE_FUSE=1 cargo test -p anvil-cli --locked
     fi
 done
 
 if [[ "${QUICK:-0}" != 1 ]]; then
-    for t in "${TRANSPORTS[@]}"; do
-        step "pjdfstest against a real mount (transport=$t)"
-        ANVIL_MOUNT_OPTS="transport=$t" scripts/run-pjdfstest.sh target/release/anvil
-        step "fsx: 100,000 operations against a real mount (transport=$t)"
-        ANVIL_MOUNT_OPTS="transport=$t" scripts/run-fsx.sh target/release/anvil 100000
+    for c in "${CONFIGS[@]}"; do
+        step "pjdfstest against a real mount (-o $c)"
+        ANVIL_MOUNT_OPTS="$c" scripts/run-pjdfstest.sh target/release/anvil
+        step "fsx: 100,000 operations against a real mount (-o $c)"
+        ANVIL_MOUNT_OPTS="$c" scripts/run-fsx.sh target/release/anvil 100000
     done
     step "mirroring between two hosts through ssh (a private sshd on 127.0.0.1:2222)"
     scripts/mirror-two-hosts.sh target/release/anvil

@@ -120,10 +120,11 @@ pub fn run(args: &[OsString]) -> Result<u8, String> {
         &request.image,
         &request.dir,
         &request.options,
-        false,
-        request.log.as_deref(),
-        request.as_of.as_deref(),
-        None,
+        crate::mount::Extras {
+            log: request.log.as_deref(),
+            as_of: request.as_of.as_deref(),
+            ..Default::default()
+        },
     )
 }
 

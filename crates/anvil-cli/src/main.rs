@@ -2,6 +2,7 @@
 
 mod helper;
 mod history;
+mod keeper;
 mod mirror;
 mod mount;
 mod replay;
@@ -66,7 +67,15 @@ enum Command {
         /// Record every device write and flush to this file, for `anvil replay-check`.
         #[arg(long)]
         device_log: Option<PathBuf>,
+        /// Take over this FUSE connection descriptor from a daemon that died (the keeper
+        /// passes it; see keeper.rs).
+        #[arg(long, hide = true)]
+        resume_fd: Option<i32>,
     },
+    /// Hold a FUSE connection for its daemon and start a new daemon on it if the daemon
+    /// dies (started by the daemon itself; see keeper.rs).
+    #[command(hide = true)]
+    Keeper { fd: i32, pipe: i32 },
     /// Serve a trivial in-memory file system on DIR through the same transports and options
     /// as `mount` (nothing is kept): measures what a transport costs by itself.
     #[command(hide = true)]
@@ -347,15 +356,20 @@ fn run(cli: Cli) -> Result<u8, String> {
             log,
             as_of,
             device_log,
+            resume_fd,
         } => mount::run(
             &image,
             &dir,
             &options,
-            foreground,
-            log.as_deref(),
-            as_of.as_deref(),
-            device_log.as_deref(),
+            mount::Extras {
+                foreground,
+                log: log.as_deref(),
+                as_of: as_of.as_deref(),
+                device_log: device_log.as_deref(),
+                resume_fd,
+            },
         ),
+        Command::Keeper { fd, pipe } => keeper::run(fd, pipe),
         Command::Memfs {
             dir,
             options,

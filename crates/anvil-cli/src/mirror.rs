@@ -271,6 +271,15 @@ pub fn read(target: &Path, since: &str, until: Option<&str>) -> Result<u8, Strin
 /// `anvil mirror-write TARGET`: applies the stream on stdin.
 pub fn write(target: &Path) -> Result<u8, String> {
     let report = if target.is_dir() {
+        let info: serde_json::Value = serde_json::from_str(&crate::mount::query_info(target)?)
+            .map_err(|e| format!("bad info: {e}"))?;
+        if info["writeback"] == true {
+            return Err(format!(
+                "{} is mounted with -o writeback: the kernel would keep its own sizes and times \
+                 of the files a mirror stream changes; mount it without writeback to receive one",
+                target.display()
+            ));
+        }
         daemon_job(
             target,
             MIRROR_WRITE_XATTR,

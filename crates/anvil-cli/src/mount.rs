@@ -7,20 +7,20 @@
 
 use anvil::device::FileDevice;
 use anvil::{Filesystem, MountOptions};
-use anvil_fuse::{classic::Classic, fuser, uring, AnvilFuse, Backend};
+use anvil_fuse::{classic::Classic, devfuse, fuser, uring, AnvilFuse, Backend};
 use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-const READY_ENV: &str = "ANVIL_DAEMON_READY";
+pub(crate) const READY_ENV: &str = "ANVIL_DAEMON_READY";
 
 struct Config {
     mount: MountOptions,
@@ -51,6 +51,8 @@ enum Transport {
     Auto,
     Uring,
     Classic,
+    /// Our own /dev/fuse loop (`anvil_fuse::devfuse`).
+    Devfuse,
 }
 
 /// A mount gives decoded file data this fraction of `cache=` unless `data_cache=` says.
@@ -116,7 +118,10 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
                     Some("auto") => Transport::Auto,
                     Some("uring") => Transport::Uring,
                     Some("classic") => Transport::Classic,
-                    _ => return Err("option transport: auto, uring or classic".to_string()),
+                    Some("devfuse") => Transport::Devfuse,
+                    _ => {
+                        return Err("option transport: auto, uring, classic or devfuse".to_string())
+                    }
                 }
             }
             "worker_sched" => {
@@ -161,29 +166,57 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
     Ok(config)
 }
 
-pub fn run(
-    image: &Path,
-    dir: &Path,
-    options: &[String],
-    foreground: bool,
-    log: Option<&Path>,
-    as_of: Option<&str>,
-    device_log: Option<&Path>,
-) -> Result<u8, String> {
+/// What `anvil mount` takes besides the image, the directory and `-o`.
+#[derive(Default)]
+pub struct Extras<'a> {
+    pub foreground: bool,
+    pub log: Option<&'a Path>,
+    pub as_of: Option<&'a str>,
+    pub device_log: Option<&'a Path>,
+    /// A connection to take over (see keeper.rs).
+    pub resume_fd: Option<i32>,
+}
+
+pub fn run(image: &Path, dir: &Path, options: &[String], extras: Extras<'_>) -> Result<u8, String> {
+    let Extras {
+        foreground,
+        log,
+        as_of,
+        device_log,
+        resume_fd,
+    } = extras;
     let mut config = parse_options(options)?;
     if let Some(spec) = as_of {
         config.mount.read_only = true;
         config.as_of = Some(spec.to_string());
     }
     config.device_log = device_log.map(Path::to_path_buf);
-    if !dir.is_dir() {
+    // A daemon taking over must not look at its mount point: nothing would answer.
+    if resume_fd.is_none() && !dir.is_dir() {
         return Err(format!("mount point {} is not a directory", dir.display()));
     }
     if !image.exists() {
         return Err(format!("{} does not exist", image.display()));
     }
-    if foreground {
-        return serve(image, dir, config, log);
+    if config.writeback {
+        // The kernel's dirty pages must outlive a daemon that dies: only a /dev/fuse
+        // connection can be taken over by a new daemon (see keeper.rs).
+        match config.transport {
+            Transport::Auto | Transport::Devfuse => config.transport = Transport::Devfuse,
+            Transport::Uring | Transport::Classic => {
+                return Err(
+                    "option writeback needs transport=devfuse (or auto): on another \
+                            transport a daemon that dies loses the kernel's dirty pages"
+                        .to_string(),
+                )
+            }
+        }
+    }
+    if resume_fd.is_some() && config.transport != Transport::Devfuse {
+        return Err("--resume-fd needs transport=devfuse".to_string());
+    }
+    if foreground || resume_fd.is_some() {
+        return serve(image, dir, config, log, resume_fd);
     }
     let mut args: Vec<OsString> = vec!["mount".into(), image.into(), dir.into()];
     daemon_args(&mut args, options, log);
@@ -299,7 +332,10 @@ fn init_logging(log: Option<&Path>) -> Result<(), String> {
 /// Picks the transport: (use io_uring, the one-line reason).
 fn choose_transport(config: &Config) -> Result<(bool, String), String> {
     match (config.transport, uring::availability()) {
-        (Transport::Classic, _) => Ok((false, "transport=classic".to_string())),
+        (Transport::Classic | Transport::Devfuse, _) => Ok((
+            false,
+            format!("transport={:?}", config.transport).to_lowercase(),
+        )),
         (Transport::Uring, Ok(())) => Ok((true, "transport=uring".to_string())),
         (Transport::Uring, Err(why)) => Err(format!("transport=uring: {why}")),
         (Transport::Auto, Ok(())) => Ok((true, "the kernel offers FUSE over io_uring".to_string())),
@@ -327,10 +363,31 @@ pub fn crash_log_file(image: &Path, dir: Option<&Path>) -> Option<std::path::Pat
     Some(dir.join(name))
 }
 
-fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Result<u8, String> {
+fn serve(
+    image: &Path,
+    dir: &Path,
+    mut config: Config,
+    log: Option<&Path>,
+    resume_fd: Option<i32>,
+) -> Result<u8, String> {
     if let Err(e) = init_logging(log) {
         return startup_error(e);
     }
+    let resume = match resume_fd {
+        Some(raw) => {
+            log::warn!(
+                "the daemon of {} died: taking over its connection",
+                dir.display()
+            );
+            // SAFETY: the keeper passed this descriptor, open and ours alone from now on.
+            let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+            // SAFETY: fcntl on a descriptor owned here; no child needs it but the keeper.
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+            config.mount.reap_orphans = false;
+            Some(fd)
+        }
+        None => None,
+    };
     let (use_uring, why) = match choose_transport(&config) {
         Ok(choice) => choice,
         Err(e) => return startup_error(e),
@@ -356,8 +413,13 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
         Err(e) => return startup_error(format!("cannot open {}: {e}", image.display())),
     };
     let io_mode = device.io_mode();
-    if !try_lock_exclusive(device.file()) {
-        return startup_error(format!("{} is already mounted or in use", image.display()));
+    // A daemon that died may not have released the image yet (its files close last).
+    let deadline = Instant::now() + Duration::from_secs(if resume.is_some() { 10 } else { 0 });
+    while !try_lock_exclusive(device.file()) {
+        if Instant::now() >= deadline {
+            return startup_error(format!("{} is already mounted or in use", image.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     let read_only = config.mount.read_only;
     if config.mount.crash_log {
@@ -381,7 +443,19 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
         }
     }
     anvil::heap::start_heap_trimmer();
+    if config.writeback && fs.volume().is_slave() {
+        // Its files change under the kernel (mirror streams): the kernel must take sizes
+        // and times from the daemon.
+        log::warn!(
+            "{} is a mirror slave: mounted without writeback",
+            image.display()
+        );
+        config.writeback = false;
+    }
     let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
+    if resume.is_some() {
+        adapter = adapter.resumed();
+    }
     if let Some(spec) = &config.as_of {
         match fs.resolve_as_of(spec) {
             Ok(tid) => adapter = adapter.as_of(tid),
@@ -390,7 +464,15 @@ fn serve(image: &Path, dir: &Path, mut config: Config, log: Option<&Path>) -> Re
     }
     let adapter = Arc::new(adapter);
     let fs_name = image.display().to_string();
-    let served = match serve_backend(adapter, dir, &fs_name, read_only, &config, use_uring, why) {
+    let served = match serve_backend(
+        adapter,
+        dir,
+        &fs_name,
+        read_only,
+        &config,
+        (use_uring, why),
+        resume,
+    ) {
         Ok(served) => served,
         Err(e) => {
             let _ = fs.close();
@@ -414,15 +496,20 @@ fn serve_backend<B: Backend>(
     fs_name: &str,
     read_only: bool,
     config: &Config,
-    mut use_uring: bool,
-    mut why: String,
+    (mut use_uring, mut why): (bool, String),
+    resume: Option<std::os::fd::OwnedFd>,
 ) -> Result<std::io::Result<()>, String> {
     let root = unsafe { libc::geteuid() } == 0;
     let announce = || announce_ready(fs_name, dir);
-    // Resolved now: once mounted, resolving the path would ask the daemon.
-    let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    // Resolved now: once mounted, resolving the path would ask the daemon (and after a
+    // takeover nothing would answer yet; the setting stays from the first daemon).
+    let taking_over = resume.is_some();
+    let absolute = match taking_over {
+        true => dir.to_path_buf(),
+        false => std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
+    };
     let readahead = |max_readahead: u32| {
-        if root {
+        if root && !taking_over {
             match anvil_fuse::raise_readahead(&absolute, max_readahead) {
                 Ok(()) => log::info!("read-ahead: {} KiB", max_readahead >> 10),
                 Err(e) => log::warn!("read-ahead stays at the kernel's default: {e}"),
@@ -461,6 +548,37 @@ fn serve_backend<B: Backend>(
         }
     }
     debug_assert!(!use_uring);
+    if config.transport == Transport::Devfuse {
+        let mount_config = uring::MountConfig {
+            fs_name: fs_name.to_string(),
+            read_only,
+            privileged: root,
+            queue_depth: config.queue_depth,
+            max_write: config.max_write,
+            idle_workers: config.idle_workers,
+            nosuid: config.nosuid,
+            nodev: config.nodev,
+            noexec: config.noexec,
+        };
+        let threads = config.threads;
+        let session = match resume {
+            Some(fd) => devfuse::Session::resume(&*backend, fd, dir, &mount_config, threads),
+            None => devfuse::Session::mount(&*backend, dir, &mount_config, threads),
+        }
+        .map_err(|e| format!("cannot mount on {}: {e}", dir.display()))?;
+        log::info!("transport: /dev/fuse, {threads} workers ({why})");
+        readahead(uring::MAX_READAHEAD);
+        // Held until this function returns: then the keeper exits with it.
+        let _keeper = match crate::keeper::spawn(session.fd()) {
+            Ok(keeper) => Some(keeper),
+            Err(e) => {
+                log::warn!("no keeper (a crash of this daemon will end the mount): {e}");
+                None
+            }
+        };
+        on_signal_unmount(dir, None);
+        return Ok(session.run(backend, announce));
+    }
     log::info!("transport: classic /dev/fuse ({why})");
     let mut session = classic_session(backend, dir, fs_name, read_only, root, config)
         .map_err(|e| format!("cannot mount on {}: {e}", dir.display()))?;
@@ -503,7 +621,7 @@ pub fn run_memfs(
         Err(e) => return startup_error(e),
     };
     let memfs = Arc::new(anvil_fuse::memfs::MemFs::new(config.ttl, config.writeback));
-    match serve_backend(memfs, dir, "memfs", false, &config, use_uring, why) {
+    match serve_backend(memfs, dir, "memfs", false, &config, (use_uring, why), None) {
         Ok(served) => served
             .map(|()| 0)
             .map_err(|e| format!("FUSE session ended with an error: {e}")),
@@ -705,6 +823,12 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<(), String> {
             "{} is not on a mounted anvil volume",
             path.display()
         ));
+    }
+    // What the kernel's writeback cache holds (`-o writeback`) reaches the daemon first: a
+    // sync, snapshot or mirror copy covers every write made before it, as on btrfs.
+    if let Ok(file) = File::open(path) {
+        // SAFETY: syncfs on a descriptor owned by `file`.
+        unsafe { libc::syncfs(file.as_raw_fd()) };
     }
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| "path contains NUL")?;
     let c_name = CString::new(name).map_err(|_| "bad attribute name")?;

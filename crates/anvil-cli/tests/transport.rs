@@ -25,7 +25,9 @@ fn count(stats: &serde_json::Value, op: &str) -> u64 {
 }
 
 fn round_trips(transport: &str) {
-    let mount = common::Mount::with_options("256M", Some(&format!("transport={transport}")));
+    // The test's options win over ANVIL_TEST_MOUNT_OPTS; writeback needs transport=devfuse.
+    let options = format!("transport={transport},nowriteback");
+    let mount = common::Mount::with_options("256M", Some(&options));
     stats(mount.path());
 
     for i in 0..FILES {

@@ -27,6 +27,7 @@
 pub mod classic;
 pub mod control;
 mod counters;
+pub mod devfuse;
 pub mod memfs;
 pub mod mirror;
 pub mod uring;
@@ -228,6 +229,9 @@ pub struct AnvilFuse {
     mirror_jobs: Arc<mirror::MirrorJobs>,
     /// Requests received, per opcode.
     pub counters: Counters,
+    /// This daemon took over a connection from one that died (`devfuse`): the kernel may
+    /// hold objects it looked up from the dead daemon, which `lookups` does not count.
+    resumed: bool,
 }
 
 impl AnvilFuse {
@@ -245,6 +249,30 @@ impl AnvilFuse {
             notifier: Arc::new(std::sync::OnceLock::new()),
             mirror_jobs: Arc::default(),
             counters: Counters::default(),
+            resumed: false,
+        }
+    }
+
+    /// Serves a connection taken over from a daemon that died: every object a name leads
+    /// to may be one the kernel looked up from the dead daemon (an open file among them),
+    /// so unlinking or renaming over it pins it first, as a lookup would have; it becomes
+    /// an orphan and goes when the kernel forgets it (its FORGET counts every lookup, the
+    /// dead daemon's too) or at the next mount.
+    pub fn resumed(mut self) -> AnvilFuse {
+        self.resumed = true;
+        self
+    }
+
+    /// After a takeover: pins the object `name` leads to unless the kernel's lookups of it
+    /// are counted already.
+    fn pin_victim(&self, parent: u64, name: &[u8]) {
+        if !self.resumed {
+            return;
+        }
+        if let Ok(attr) = self.fs.lookup(parent, name) {
+            if !self.lookups.lock().contains_key(&attr.ino) {
+                self.remember(attr.ino);
+            }
         }
     }
 
@@ -370,6 +398,13 @@ impl AnvilFuse {
                 self.counters.reset();
                 Ok(())
             }
+            Control::MirrorWrite if self.writeback => {
+                log::error!(
+                    "mirror-write refused: with -o writeback the kernel keeps its own sizes \
+                     and times of cached files, and would not see what the stream changes"
+                );
+                return Err(libc::EOPNOTSUPP);
+            }
             Control::MirrorRead | Control::MirrorWrite => {
                 let read = control == Control::MirrorRead;
                 let job = mirror::MirrorJob::parse(read, text.trim_end_matches('\n'))
@@ -397,7 +432,12 @@ impl AnvilFuse {
             return Ok(None);
         };
         let text = match control {
-            Control::Info => self.fs.info().to_json(),
+            Control::Info => {
+                let mut info: serde_json::Value =
+                    serde_json::from_str(&self.fs.info().to_json()).map_err(|_| libc::EIO)?;
+                info["writeback"] = self.writeback.into();
+                info.to_string()
+            }
             Control::Snapshots => snapshots_json(&self.fs.snapshots().map_err(|e| errno(&e))?),
             Control::Prune => match &*self.last_prune.lock() {
                 Some(r) => serde_json::json!({
@@ -571,6 +611,7 @@ impl Backend for AnvilFuse {
         if is_view(parent) {
             return Err(libc::EROFS);
         }
+        self.pin_victim(parent, name);
         self.fs.unlink(parent, name).map_err(|e| errno(&e))
     }
 
@@ -578,6 +619,7 @@ impl Backend for AnvilFuse {
         if is_view(parent) {
             return Err(libc::EROFS);
         }
+        self.pin_victim(parent, name);
         self.fs.rmdir(parent, name).map_err(|e| errno(&e))
     }
 
@@ -603,6 +645,7 @@ impl Backend for AnvilFuse {
         if flags & libc::RENAME_WHITEOUT != 0 {
             return Err(libc::EINVAL);
         }
+        self.pin_victim(new_parent, new_name);
         let flags = AnvilRename {
             noreplace: flags & libc::RENAME_NOREPLACE != 0,
             exchange: flags & libc::RENAME_EXCHANGE != 0,

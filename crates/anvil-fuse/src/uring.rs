@@ -135,20 +135,7 @@ pub struct Session {
 impl Session {
     /// Mounts `dir` and negotiates FUSE_INIT over io_uring. On error nothing stays mounted.
     pub fn mount<B: Backend>(adapter: &B, dir: &Path, config: &MountConfig) -> io::Result<Session> {
-        let fd = if config.privileged {
-            Arc::new(mount_directly(dir, config)?)
-        } else {
-            let options = fractal_fuse::MountOptions::new()
-                .fs_name(config.fs_name.replace(',', "_"))
-                .default_permissions(true)
-                .read_only(config.read_only)
-                .custom_options(if config.noexec {
-                    "subtype=anvil,noexec"
-                } else {
-                    "subtype=anvil"
-                });
-            Arc::new(fractal_fuse::mount::fusermount(&options, dir)?)
-        };
+        let fd = Arc::new(mount(dir, config)?);
         let session = Session {
             fd,
             dir: dir.to_path_buf(),
@@ -156,7 +143,13 @@ impl Session {
             max_write: config.max_write.clamp(MAX_WRITE_MIN, MAX_WRITE),
             idle_workers: config.idle_workers,
         };
-        if let Err(e) = init(session.fd.as_fd(), adapter.writeback(), session.max_write) {
+        let over_uring = true;
+        if let Err(e) = init(
+            session.fd.as_fd(),
+            adapter.writeback(),
+            session.max_write,
+            over_uring,
+        ) {
             session.unmount();
             return Err(e);
         }
@@ -169,10 +162,7 @@ impl Session {
 
     /// Unmounts (lazily, so that a busy mount point cannot keep the daemon alive).
     pub fn unmount(&self) {
-        if let Ok(path) = std::ffi::CString::new(self.dir.as_os_str().as_bytes()) {
-            // SAFETY: path is a valid NUL-terminated string.
-            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        }
+        lazy_unmount(&self.dir);
     }
 
     /// Serves requests until the file system is unmounted. `ready` runs once requests flow
@@ -249,6 +239,32 @@ impl Session {
     }
 }
 
+/// Detaches the mount on `dir` (a busy mount point cannot keep the daemon alive).
+pub(crate) fn lazy_unmount(dir: &Path) {
+    if let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: path is a valid NUL-terminated string.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Mounts `dir`: as root with mount(2), otherwise with `fusermount3`. Returns the /dev/fuse
+/// descriptor, before FUSE_INIT.
+pub(crate) fn mount(dir: &Path, config: &MountConfig) -> io::Result<OwnedFd> {
+    if config.privileged {
+        return mount_directly(dir, config);
+    }
+    let options = fractal_fuse::MountOptions::new()
+        .fs_name(config.fs_name.replace(',', "_"))
+        .default_permissions(true)
+        .read_only(config.read_only)
+        .custom_options(if config.noexec {
+            "subtype=anvil,noexec"
+        } else {
+            "subtype=anvil"
+        });
+    fractal_fuse::mount::fusermount(&options, dir)
+}
+
 /// Mounts as root with mount(2) on a fresh /dev/fuse descriptor (no `fusermount3`, which
 /// needs a PATH that mount(8) does not give its helpers). Device files and setuid are
 /// allowed, other users too, as on the classic transport.
@@ -298,7 +314,12 @@ fn mount_directly(dir: &Path, config: &MountConfig) -> io::Result<OwnedFd> {
 }
 
 /// Answers FUSE_INIT: the classic transport's capabilities plus FUSE_OVER_IO_URING.
-fn init(fd: BorrowedFd<'_>, writeback: bool, max_write: u32) -> io::Result<()> {
+pub(crate) fn init(
+    fd: BorrowedFd<'_>,
+    writeback: bool,
+    max_write: u32,
+    over_uring: bool,
+) -> io::Result<()> {
     let mut buf = vec![0u8; 8192];
     let n = read_fd(fd, &mut buf)?;
     let header: fuse_in_header = read_struct(&buf[..n], 0)?;
@@ -316,23 +337,25 @@ fn init(fd: BorrowedFd<'_>, writeback: bool, max_write: u32) -> io::Result<()> {
         )));
     }
     let kernel = arg.flags as u64 | ((arg.flags2 as u64) << 32);
-    if kernel & FUSE_OVER_IO_URING == 0 {
+    if over_uring && kernel & FUSE_OVER_IO_URING == 0 {
         return Err(io::Error::other(
             "the kernel did not offer FUSE_OVER_IO_URING",
         ));
     }
-    let mut want = FUSE_OVER_IO_URING
-        | (FUSE_INIT_EXT
-            | FUSE_ASYNC_READ
-            | FUSE_BIG_WRITES
-            | FUSE_DO_READDIRPLUS
-            | FUSE_READDIRPLUS_AUTO
-            | FUSE_ASYNC_DIO
-            | FUSE_PARALLEL_DIROPS
-            | FUSE_MAX_PAGES
-            | FUSE_NO_OPEN_SUPPORT
-            | FUSE_NO_OPENDIR_SUPPORT
-            | FUSE_HANDLE_KILLPRIV_V2) as u64;
+    let mut want = (FUSE_INIT_EXT
+        | FUSE_ASYNC_READ
+        | FUSE_BIG_WRITES
+        | FUSE_DO_READDIRPLUS
+        | FUSE_READDIRPLUS_AUTO
+        | FUSE_ASYNC_DIO
+        | FUSE_PARALLEL_DIROPS
+        | FUSE_MAX_PAGES
+        | FUSE_NO_OPEN_SUPPORT
+        | FUSE_NO_OPENDIR_SUPPORT
+        | FUSE_HANDLE_KILLPRIV_V2) as u64;
+    if over_uring {
+        want |= FUSE_OVER_IO_URING;
+    }
     if writeback {
         want |= FUSE_WRITEBACK_CACHE as u64;
     }
@@ -369,7 +392,7 @@ fn init(fd: BorrowedFd<'_>, writeback: bool, max_write: u32) -> io::Result<()> {
     let mut reply = struct_bytes(&header).to_vec();
     reply.extend_from_slice(struct_bytes(&out));
     write_fd(fd, &reply)?;
-    log::info!("FUSE over io_uring: init flags {want:#x}");
+    log::info!("FUSE_INIT: flags {want:#x}");
     Ok(())
 }
 
@@ -509,14 +532,14 @@ fn serve_dev_fuse<B: Backend>(fd: BorrowedFd<'_>, adapter: &B, max_write: u32) {
     }
 }
 
-fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is valid for writes of buf.len() bytes.
     let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
     // Negative: failed, with errno set.
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
-fn write_fd(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+pub(crate) fn write_fd(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
     // SAFETY: data is valid for reads of data.len() bytes.
     let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
     if n < 0 {
@@ -526,7 +549,7 @@ fn write_fd(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
 }
 
 /// Plain-old-data kernel ABI structs (repr(C), integer fields only).
-trait Abi: Copy {}
+pub(crate) trait Abi: Copy {}
 impl Abi for fuse_in_header {}
 impl Abi for fuse_out_header {}
 impl Abi for fuse_init_in {}
@@ -536,7 +559,7 @@ impl Abi for fuse_batch_forget_in {}
 impl Abi for fuse_forget_one {}
 
 /// Reads an ABI struct at `offset`, bounds checked.
-fn read_struct<T: Abi>(buf: &[u8], offset: usize) -> io::Result<T> {
+pub(crate) fn read_struct<T: Abi>(buf: &[u8], offset: usize) -> io::Result<T> {
     let end = offset
         .checked_add(std::mem::size_of::<T>())
         .filter(|&end| end <= buf.len())
@@ -547,7 +570,7 @@ fn read_struct<T: Abi>(buf: &[u8], offset: usize) -> io::Result<T> {
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-fn struct_bytes<T: Abi>(value: &T) -> &[u8] {
+pub(crate) fn struct_bytes<T: Abi>(value: &T) -> &[u8] {
     // SAFETY: T is a repr(C) struct of integers without padding bytes the kernel reads;
     // the slice covers exactly the value and lives as long as the borrow.
     unsafe {
@@ -635,9 +658,39 @@ fn xattr(size: u32, result: Reply<Vec<u8>>) -> FsResult<ReplyXattr> {
     }
 }
 
+/// FUSE_UNIQUE_RESEND: the kernel sets it on a request it sends again after
+/// FUSE_NOTIFY_RESEND (a daemon that died had read it; see `devfuse::Session::resume`).
+const UNIQUE_RESEND: u64 = 1 << 63;
+
+/// A resent UNLINK, RMDIR or RENAME that finds its name gone was most likely done by the
+/// daemon that died before answering: success, as the first answer would have been.
+fn removed(req: &Request, result: Reply<()>) -> Reply<()> {
+    match result {
+        Err(libc::ENOENT) if req.unique & UNIQUE_RESEND != 0 => Ok(()),
+        other => other,
+    }
+}
+
 impl<B: Backend> Uring<B> {
     fn count(&self, op: Op) {
         self.0.counters().count(op);
+    }
+
+    /// A resent MKNOD, MKDIR, SYMLINK or LINK that finds its name taken was most likely
+    /// done by the daemon that died before answering: the entry it would have answered.
+    fn created(
+        &self,
+        req: &Request,
+        parent: InodeId,
+        name: &OsStr,
+        result: Reply<Attr>,
+    ) -> Reply<Attr> {
+        match result {
+            Err(libc::EEXIST) if req.unique & UNIQUE_RESEND != 0 => {
+                self.0.lookup(parent.0, name.as_bytes())
+            }
+            other => other,
+        }
     }
 
     fn entry(&self, result: Reply<Attr>) -> FsResult<ReplyEntry> {
@@ -721,7 +774,7 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         let result = self
             .0
             .symlink(caller(&req), parent.0, name.as_bytes(), link.as_bytes());
-        self.entry(result)
+        self.entry(self.created(&req, parent, name, result))
     }
 
     async fn mknod(
@@ -737,7 +790,7 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         let result = self
             .0
             .mknod(caller(&req), parent.0, name.as_bytes(), mode, rdev as u64);
-        self.entry(result)
+        self.entry(self.created(&req, parent, name, result))
     }
 
     async fn mkdir(
@@ -752,22 +805,22 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         let result = self
             .0
             .mkdir(caller(&req), parent.0, name.as_bytes(), mode & !umask);
-        self.entry(result)
+        self.entry(self.created(&req, parent, name, result))
     }
 
-    async fn unlink(&self, _req: Request, parent: InodeId, name: &OsStr) -> FsResult<()> {
+    async fn unlink(&self, req: Request, parent: InodeId, name: &OsStr) -> FsResult<()> {
         self.count(Op::Unlink);
-        self.0.unlink(parent.0, name.as_bytes())
+        removed(&req, self.0.unlink(parent.0, name.as_bytes()))
     }
 
-    async fn rmdir(&self, _req: Request, parent: InodeId, name: &OsStr) -> FsResult<()> {
+    async fn rmdir(&self, req: Request, parent: InodeId, name: &OsStr) -> FsResult<()> {
         self.count(Op::Rmdir);
-        self.0.rmdir(parent.0, name.as_bytes())
+        removed(&req, self.0.rmdir(parent.0, name.as_bytes()))
     }
 
     async fn rename(
         &self,
-        _req: Request,
+        req: Request,
         parent: InodeId,
         name: &OsStr,
         new_parent: InodeId,
@@ -775,24 +828,26 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
         flags: u32,
     ) -> FsResult<()> {
         self.count(Op::Rename);
-        self.0.rename(
+        let result = self.0.rename(
             parent.0,
             name.as_bytes(),
             new_parent.0,
             new_name.as_bytes(),
             flags,
-        )
+        );
+        removed(&req, result)
     }
 
     async fn link(
         &self,
-        _req: Request,
+        req: Request,
         inode: InodeId,
         new_parent: InodeId,
         new_name: &OsStr,
     ) -> FsResult<ReplyEntry> {
         self.count(Op::Link);
-        self.entry(self.0.link(inode.0, new_parent.0, new_name.as_bytes()))
+        let result = self.0.link(inode.0, new_parent.0, new_name.as_bytes());
+        self.entry(self.created(&req, new_parent, new_name, result))
     }
 
     async fn open(&self, _req: Request, _inode: InodeId, _flags: u32) -> FsResult<ReplyOpen> {

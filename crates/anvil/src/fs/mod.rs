@@ -516,7 +516,7 @@ impl Filesystem {
         // A slave's orphans are its master's: they go when the master reaps them.
         let slave = fs.volume.load_mirror_state()?.is_some();
         if !fs.volume.is_read_only() {
-            if !slave {
+            if !slave && options.reap_orphans {
                 fs.reap_orphans()?;
             }
             if options.commit_interval_ms > 0 {

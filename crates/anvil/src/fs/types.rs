@@ -154,6 +154,10 @@ pub struct MountOptions {
     /// instead of the image (nothing then reaches the device until fsync or a commit).
     /// The same image must be opened with the same file to recover from a crash.
     pub crash_log_file: Option<std::path::PathBuf>,
+    /// Destroy at open the objects that were unlinked while open when the volume last went
+    /// down. Off when a new daemon takes over a FUSE connection whose kernel still holds
+    /// them open (they go when the kernel forgets them, or at the next mount).
+    pub reap_orphans: bool,
 }
 
 impl Default for MountOptions {
@@ -168,6 +172,7 @@ impl Default for MountOptions {
             rebuild_space_map: false,
             crash_log: true,
             crash_log_file: None,
+            reap_orphans: true,
         }
     }
 }

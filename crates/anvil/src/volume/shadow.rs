@@ -136,8 +136,12 @@ impl ShadowLog {
 
     /// Deletes the file: everything it held is committed.
     pub fn remove(&self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            log::warn!("cannot remove {}: {e}", self.path.display());
+        match std::fs::remove_file(&self.path) {
+            // A second close (a mount closes the volume when the session ends, then again
+            // as it exits).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("cannot remove {}: {e}", self.path.display()),
+            Ok(()) => {}
         }
     }
 }
