@@ -28,9 +28,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const ARGS_ENV: &str = "ANVIL_KEEPER_ARGS";
 /// Unix times of the last takeovers of this mount (comma-separated).
 const TAKEOVERS_ENV: &str = "ANVIL_TAKEOVERS";
-/// A daemon that died this many times within `CRASH_LOOP_SECS` is not started again: the
-/// keeper exits, and the kernel aborts the connection.
+/// A daemon that died more than this many times within `CRASH_LOOP_SECS` is not started
+/// again: the keeper exits, and the kernel aborts the connection. `ANVIL_TAKEOVER_LIMIT`
+/// (in the mount's environment) changes it, for soak tests that kill on purpose.
 const CRASH_LOOP_TAKEOVERS: usize = 3;
+const LIMIT_ENV: &str = "ANVIL_TAKEOVER_LIMIT";
 const CRASH_LOOP_SECS: u64 = 60;
 /// The hidden argument that gives a new daemon the connection's descriptor.
 pub const RESUME_ARG: &str = "--resume-fd";
@@ -124,7 +126,11 @@ pub fn run(fuse: RawFd, pipe: RawFd) -> Result<u8, String> {
         .filter(|&t| now.saturating_sub(t) < CRASH_LOOP_SECS)
         .collect();
     takeovers.push(now);
-    if takeovers.len() > CRASH_LOOP_TAKEOVERS {
+    let limit = std::env::var(LIMIT_ENV)
+        .ok()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(CRASH_LOOP_TAKEOVERS);
+    if takeovers.len() > limit {
         return Err(format!(
             "the daemon died {} times within {CRASH_LOOP_SECS} s; not starting it again",
             takeovers.len()
