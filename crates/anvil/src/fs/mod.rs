@@ -1069,6 +1069,22 @@ impl Filesystem {
         };
         self.volume.throttle();
         self.volume.check_space(data.len() as u64)?;
+        // The chunks this write covers whole, copied before the volume's lock is taken: the
+        // copy is most of a large write's work, and under the lock it held up every other
+        // request (reads too) for as long.
+        let first_whole = offset.div_ceil(DATA_CHUNK_BYTES);
+        let whole_chunks: Vec<Arc<Vec<u8>>> = (first_whole..end / DATA_CHUNK_BYTES)
+            .map(|index| {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "the chunk lies inside offset..end, and end - offset is data.len()"
+                )]
+                let from = (index * DATA_CHUNK_BYTES - offset) as usize;
+                #[expect(clippy::cast_possible_truncation, reason = "64 KiB")]
+                let len = DATA_CHUNK_BYTES as usize;
+                Arc::new(data[from..from + len].to_vec())
+            })
+            .collect();
         let mut fold_soon: Vec<u64> = Vec::new();
         let written = self.volume.run(true, |tx| {
             fold_soon.clear();
@@ -1108,13 +1124,14 @@ impl Filesystem {
                 }
                 if whole {
                     chunk::drop_patches(tx, ino, index, index)?;
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        reason = "a whole chunk lies inside the write: index - first_whole is \
+                                  below data.len() / 64 KiB"
+                    )]
+                    let copied = whole_chunks[(index - first_whole) as usize].clone();
                     // The inode is at hand: no need for `put` to look the flag up per chunk.
-                    tx.put_with(
-                        lk,
-                        Some(Arc::new(src.to_vec())),
-                        policy.nohistory,
-                        policy.codec,
-                    )?;
+                    tx.put_with(lk, Some(copied), policy.nohistory, policy.codec)?;
                     continue;
                 }
                 let existing = chunk::chunk_bytes(tx, ino, index)?;
