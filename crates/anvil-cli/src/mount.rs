@@ -516,18 +516,18 @@ fn serve_backend<B: Backend>(
             }
         }
     };
+    let mount_config = uring::MountConfig {
+        fs_name: fs_name.to_string(),
+        read_only,
+        privileged: root,
+        queue_depth: config.queue_depth,
+        max_write: config.max_write,
+        idle_workers: config.idle_workers,
+        nosuid: config.nosuid,
+        nodev: config.nodev,
+        noexec: config.noexec,
+    };
     if use_uring {
-        let mount_config = uring::MountConfig {
-            fs_name: fs_name.to_string(),
-            read_only,
-            privileged: root,
-            queue_depth: config.queue_depth,
-            max_write: config.max_write,
-            idle_workers: config.idle_workers,
-            nosuid: config.nosuid,
-            nodev: config.nodev,
-            noexec: config.noexec,
-        };
         match uring::Session::mount(&*backend, dir, &mount_config) {
             Ok(session) => {
                 readahead(uring::MAX_READAHEAD);
@@ -549,17 +549,6 @@ fn serve_backend<B: Backend>(
     }
     debug_assert!(!use_uring);
     if config.transport == Transport::Devfuse {
-        let mount_config = uring::MountConfig {
-            fs_name: fs_name.to_string(),
-            read_only,
-            privileged: root,
-            queue_depth: config.queue_depth,
-            max_write: config.max_write,
-            idle_workers: config.idle_workers,
-            nosuid: config.nosuid,
-            nodev: config.nodev,
-            noexec: config.noexec,
-        };
         let threads = config.threads;
         let session = match resume {
             Some(fd) => devfuse::Session::resume(&*backend, fd, dir, &mount_config, threads),

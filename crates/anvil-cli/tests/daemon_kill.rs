@@ -15,16 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn contents(name: u64) -> Vec<u8> {
-    let mut x = name.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let len = 1000 + (name % 7) as usize * 30_000;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::pattern(1000 + (name % 7) as usize * 30_000, name)
 }
 
 /// Copies the image (not the crash log file, which is keyed by the image's inode) and reads

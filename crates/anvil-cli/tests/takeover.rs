@@ -13,17 +13,7 @@ use std::time::{Duration, Instant};
 
 const OPTIONS: &str = "transport=devfuse,writeback";
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use common::pattern;
 
 /// Kills the daemon serving `mount` and waits until another one serves it.
 fn kill_and_wait_for_takeover(mount: &common::Mount) {

@@ -591,3 +591,16 @@ pub fn daemon_pid(image: &std::path::Path) -> Option<i32> {
     }
     None
 }
+
+/// `len` pseudo-random bytes (xorshift) from `seed`: file contents a test can regenerate.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
