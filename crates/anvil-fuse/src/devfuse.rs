@@ -288,7 +288,17 @@ fn serve<B: Backend>(fd: BorrowedFd<'_>, fs: &Uring<B>, max_write: u32) -> io::R
             }
         };
         let Some(opcode) = unpack(&mut entry, &head, n) else {
-            log::warn!("a malformed request of {n} bytes from the kernel, ignored");
+            log::warn!("a malformed request of {n} bytes from the kernel: answered EIO");
+            // Whoever waits for it gets an error instead of waiting for ever.
+            let header = read_struct::<fuse_in_header>(&head, 0).ok();
+            if let Some(header) = header.filter(|_| n >= IN_HEADER_BYTES) {
+                let reply = fuse_out_header {
+                    len: OUT_HEADER_LEN,
+                    error: -libc::EIO,
+                    unique: header.unique,
+                };
+                let _ = crate::uring::write_fd(fd, struct_bytes(&reply));
+            }
             continue;
         };
         if opcode == FUSE_INTERRUPT {
