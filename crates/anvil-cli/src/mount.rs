@@ -55,6 +55,8 @@ enum Transport {
     Devfuse,
 }
 
+/// A mount gives the device's read-around windows this fraction of `cache=` (1 to 8 MiB).
+const READ_AROUND_SHARE: u64 = 16;
 /// A mount gives decoded file data this fraction of `cache=` unless `data_cache=` says.
 const DATA_CACHE_SHARE: u64 = 16;
 
@@ -413,6 +415,7 @@ fn serve(
         Err(e) => return startup_error(format!("cannot open {}: {e}", image.display())),
     };
     let io_mode = device.io_mode();
+    device.set_read_around_bytes(config.mount.cache_bytes / READ_AROUND_SHARE);
     // A daemon that died may not have released the image yet (its files close last).
     let deadline = Instant::now() + Duration::from_secs(if resume.is_some() { 10 } else { 0 });
     while !try_lock_exclusive(device.file()) {

@@ -12,7 +12,8 @@
 //! log and goes on through the page cache.
 //!
 //! Small direct reads read around: the aligned 128 KiB window that holds them is read
-//! whole and kept in a small buffer (64 windows, 8 MiB), so that nodes and extents written
+//! whole and kept in a small buffer (8 to 64 windows, 1 to 8 MiB, by the mount's budget:
+//! `set_read_around_bytes`), so that nodes and extents written
 //! side by side by one commit (a directory's files, a tree path) come in one request, as
 //! the page cache's readahead would bring them. Every write drops the windows it overlaps;
 //! a window read while any write was in flight is not kept. Windows are read only while
@@ -36,11 +37,12 @@ use std::sync::Arc;
 const DIRECT_ALIGN: usize = 4096;
 /// Size and alignment of a read-around window.
 const WINDOW_BYTES: u64 = 128 << 10;
-/// Windows kept.
+/// Windows kept, at most (8 MiB) and at least (1 MiB); `set_read_around_bytes` chooses.
 const WINDOWS: NonZeroUsize = match NonZeroUsize::new(64) {
     Some(n) => n,
     None => panic!("at least one window"),
 };
+const WINDOWS_MIN: usize = 8;
 /// Reads at least this long go to the device as they are. Read-around pays for small
 /// neighbours written together (nodes, small files' extents, patches); a data chunk is
 /// read whole, and widening it to a window or two only adds bytes to read and copy.
@@ -120,7 +122,7 @@ impl ReadAround {
         let first = offset / WINDOW_BYTES;
         let last = (offset + len as u64 - 1) / WINDOW_BYTES;
         let mut windows = self.windows.lock();
-        if last - first >= WINDOWS.get() as u64 {
+        if last - first >= windows.cap().get() as u64 {
             windows.clear();
             return;
         }
@@ -199,6 +201,17 @@ impl FileDevice {
     /// The underlying file, for advisory locking.
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Memory for read-around windows: `bytes` rounded to whole windows, 1 to 8 MiB. A
+    /// mount gives it a share of its `cache=` budget (8 MiB was a quarter of a 32 MiB one).
+    pub fn set_read_around_bytes(&self, bytes: u64) {
+        let windows = usize::try_from(bytes / WINDOW_BYTES)
+            .unwrap_or(usize::MAX)
+            .clamp(WINDOWS_MIN, WINDOWS.get());
+        if let Some(windows) = NonZeroUsize::new(windows) {
+            self.windows.windows.lock().resize(windows);
+        }
     }
 
     pub fn io_mode(&self) -> IoMode {
@@ -649,6 +662,27 @@ mod tests {
         assert!(all == model, "the file differs from the model");
         let mut past_end = vec![0u8; 100];
         assert!(device.read_at(&mut past_end, (1 << 20) - 50).is_err());
+    }
+
+    #[test]
+    fn read_around_memory_follows_the_budget_within_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = FileDevice::create(&dir.path().join("image")).unwrap();
+        let cap = |d: &FileDevice| d.windows.windows.lock().cap().get();
+        assert_eq!(cap(&device), 64);
+        device.set_read_around_bytes(2 << 20);
+        assert_eq!(cap(&device), 16);
+        device.set_read_around_bytes(0);
+        assert_eq!(cap(&device), WINDOWS_MIN);
+        device.set_read_around_bytes(u64::MAX);
+        assert_eq!(cap(&device), 64);
+        // Fewer windows still serve reads and invalidations.
+        device.set_read_around_bytes(1 << 20);
+        device.set_len(4 << 20).unwrap();
+        device.write_at(&[7u8; 4096], 3 << 20).unwrap();
+        let mut back = [0u8; 4096];
+        device.read_at(&mut back, 3 << 20).unwrap();
+        assert_eq!(back, [7u8; 4096]);
     }
 
     #[test]

@@ -532,6 +532,7 @@ impl Filesystem {
     /// Opens an image file or block device by path.
     pub fn open_path(path: &Path, options: MountOptions) -> Result<Filesystem> {
         let device = FileDevice::open_direct(path, !options.read_only)?;
+        device.set_read_around_bytes(options.cache_bytes / 16);
         Filesystem::open(Arc::new(device), options)
     }
 
