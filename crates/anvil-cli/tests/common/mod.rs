@@ -194,14 +194,24 @@ impl Mount {
     /// (its crash log file, on tmpfs, still holds what it logged since the last fsync).
     #[allow(dead_code)]
     pub fn kill_daemon(&mut self, what: &str) {
+        let mut detach = true;
         if let Some(pid) = daemon_pid(self.image()) {
+            let keeper = keeper_of(pid);
             // SAFETY: killing the daemon this test started for its own image.
             unsafe { libc::kill(pid, libc::SIGKILL) };
+            // On the devfuse transport the keeper starts a new daemon on the same mount:
+            // the kill is then a takeover (nothing acknowledged may be lost, the kernel's
+            // dirty pages included), and the new daemon is unmounted cleanly.
+            if keeper.is_some() && self.wait_for_takeover(pid) {
+                detach = !self.unmount_waiting_while_busy();
+            }
         }
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(&self.mountpoint)
-            .status();
+        if detach {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(&self.mountpoint)
+                .status();
+        }
         for _ in 0..100 {
             if daemon_pid(self.image()).is_none() {
                 break;
@@ -215,9 +225,39 @@ impl Mount {
         let check = self.check();
         assert!(
             check.status.success(),
-            "{what}: volume not clean after the kill: {check}"
+            "{what}: volume not clean after the kill: {check}\nprocesses: {}",
+            anvil_processes()
         );
         self.mounted = false;
+    }
+
+    /// After a kill with a keeper: waits for the new daemon to serve the mount. False if
+    /// none came within 15 s.
+    fn wait_for_takeover(&self, old: i32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if daemon_pid(self.image()).is_some_and(|new| new != old) {
+                // Answered once the new daemon has replayed the crash log.
+                return fs::metadata(&self.mountpoint).is_ok();
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// `umount`, retried for 5 s while the mount is busy (a client finishing a call).
+    fn unmount_waiting_while_busy(&self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = self.run("umount", "umount", &[self.mountpoint.as_os_str()]);
+            if out.status.success() {
+                return true;
+            }
+            if Instant::now() >= deadline || !out.mentions_busy() {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Runs `anvil check IMAGE` once (the volume should not be mounted).
@@ -417,9 +457,7 @@ impl Drop for Mount {
             thread::sleep(Duration::from_millis(50));
         }
         for pid in daemon_pids(&self.image) {
-            // SAFETY: kill has no memory-safety preconditions; the pid is a
-            // daemon this test started for its own private image.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            kill_with_keeper(pid);
         }
     }
 }
@@ -603,4 +641,59 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// SIGKILL to a daemon and to its keeper (on the devfuse transport a keeper would start a
+/// new daemon in its place; `tests/takeover.rs` kills the daemon alone on purpose). A daemon
+/// leads its own session and process group, and its keeper (and a daemon the keeper
+/// started) stays in it.
+pub fn kill_with_keeper(pid: i32) {
+    // SAFETY: getpgid and kill have no memory-safety preconditions; the pid is a daemon
+    // this test started for its own private image.
+    unsafe {
+        let group = libc::getpgid(pid);
+        if group > 1 && group != libc::getpgid(0) {
+            libc::kill(-group, libc::SIGKILL);
+        } else {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// `ps` lines of every anvil process (pid, parent, group, state, command), for messages.
+pub fn anvil_processes() -> String {
+    let out = Command::new("ps")
+        .args(["-eo", "pid,ppid,pgid,stat,args"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines()
+        .filter(|l| l.contains("anvil"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The keeper process of daemon `pid` (its child running `anvil keeper`), if any.
+pub fn keeper_of(pid: i32) -> Option<i32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if parent != Some(pid) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if cmdline.split(|&b| b == 0).nth(1) == Some(b"keeper".as_slice()) {
+            return Some(child);
+        }
+    }
+    None
 }
