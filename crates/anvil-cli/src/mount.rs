@@ -679,7 +679,7 @@ fn on_signal_unmount(dir: &Path, mut unmounter: Option<fuser::SessionUnmounter>)
                         None => plain_unmount(&dir),
                     };
                     if !done {
-                        lazy_unmount(&dir);
+                        uring::lazy_unmount(&dir);
                     }
                 }
             });
@@ -708,13 +708,6 @@ fn plain_unmount(dir: &Path) -> bool {
         // SAFETY: path is a valid NUL-terminated string.
         Ok(path) => unsafe { libc::umount2(path.as_ptr(), 0) == 0 },
         Err(_) => false,
-    }
-}
-
-fn lazy_unmount(dir: &Path) {
-    if let Ok(path) = CString::new(dir.as_os_str().as_bytes()) {
-        // SAFETY: path is a valid NUL-terminated string.
-        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
     }
 }
 

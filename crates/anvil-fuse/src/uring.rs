@@ -240,7 +240,7 @@ impl Session {
 }
 
 /// Detaches the mount on `dir` (a busy mount point cannot keep the daemon alive).
-pub(crate) fn lazy_unmount(dir: &Path) {
+pub fn lazy_unmount(dir: &Path) {
     if let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) {
         // SAFETY: path is a valid NUL-terminated string.
         unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
