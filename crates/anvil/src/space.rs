@@ -34,6 +34,10 @@ struct Inner {
     cursor: u64,
     /// Freed by a durable commit, waiting for readers of an older root: start -> length.
     deferred: BTreeMap<u64, u64>,
+    /// In use by extents written ahead of their commit (`Volume::write_direct`) that no
+    /// durable commit references yet: start -> length. A space map counts them free (after
+    /// a restart the redo log's replay claims again those it still needs).
+    provisional: BTreeMap<u64, u64>,
     /// Debug builds: every range allocated or marked used since the map was made.
     #[cfg(debug_assertions)]
     allocated: Allocations,
@@ -101,6 +105,7 @@ impl Space {
                 free_bytes: data_bytes,
                 cursor: data_offset,
                 deferred: BTreeMap::new(),
+                provisional: BTreeMap::new(),
                 #[cfg(debug_assertions)]
                 allocated: Allocations::default(),
             }),
@@ -155,12 +160,25 @@ impl Space {
     /// written frees) is freed: free ranges, deferred ranges and `also_free`, coalesced. Fails
     /// if any of them overlap, which would be a double free: better a failed commit than a
     /// map that hands out space twice.
-    pub fn persisted_free(&self, also_free: &[(u64, u64)]) -> Result<Vec<(u64, u64)>> {
+    ///
+    /// Provisional ranges count as free too, except those in `committing` (by start): the
+    /// extents the commit being written links into its tree or frees itself.
+    pub fn persisted_free(
+        &self,
+        also_free: &[(u64, u64)],
+        committing: &std::collections::HashSet<u64>,
+    ) -> Result<Vec<(u64, u64)>> {
         let inner = self.inner.lock();
         let mut all: Vec<(u64, u64)> = inner
             .free
             .iter()
             .chain(inner.deferred.iter())
+            .chain(
+                inner
+                    .provisional
+                    .iter()
+                    .filter(|(s, _)| !committing.contains(s)),
+            )
             .map(|(s, l)| (*s, *l))
             .collect();
         drop(inner);
@@ -191,6 +209,8 @@ impl Space {
         let mut inner = self.inner.lock();
         for &(start, bytes) in ranges {
             let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+            // An extent written ahead of a commit that replaced it before it was committed.
+            inner.provisional.remove(&start);
             #[cfg(debug_assertions)]
             inner.allocated.check(start, bytes, false);
             let previous = inner.deferred.insert(start, bytes);
@@ -293,6 +313,43 @@ impl Space {
         Self::take(inner, start, bytes);
         inner.cursor = start + bytes;
         Ok(start)
+    }
+
+    /// Allocates space for extents written ahead of their commit, as one run (see
+    /// `allocate_run`): provisional until `settle` (a durable commit references them),
+    /// `defer` (a commit frees them) or `release_provisional` (nothing ever did).
+    pub fn allocate_provisional(&self, sizes: &[u64]) -> Result<Vec<u64>> {
+        let offsets = self.allocate_run(sizes, Purpose::Data)?;
+        let mut inner = self.inner.lock();
+        for (&start, size) in offsets.iter().zip(sizes) {
+            inner
+                .provisional
+                .insert(start, size.div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
+        }
+        Ok(offsets)
+    }
+
+    /// `mark_used` for a provisional extent a replayed redo log batch names.
+    pub fn mark_provisional(&self, start: u64, bytes: u64) -> Result<()> {
+        self.mark_used(start, bytes)?;
+        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        self.inner.lock().provisional.insert(start, bytes);
+        Ok(())
+    }
+
+    /// Provisional ranges a durable commit now references: in use like any other.
+    pub fn settle(&self, starts: impl IntoIterator<Item = u64>) {
+        let mut inner = self.inner.lock();
+        for start in starts {
+            inner.provisional.remove(&start);
+        }
+    }
+
+    /// Returns a provisional range that no operation took (it failed) to the free map.
+    pub fn release_provisional(&self, start: u64, bytes: u64) {
+        let mut inner = self.inner.lock();
+        inner.provisional.remove(&start);
+        self.free_locked(&mut inner, start, bytes);
     }
 
     /// Marks a range in use (mount-time rebuild). Fails if any part is already in use.

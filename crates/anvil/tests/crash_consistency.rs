@@ -195,6 +195,49 @@ fn workloads() -> Vec<(String, Vec<Step>)> {
 fn fixed_workloads() -> Vec<(&'static str, Vec<Step>)> {
     vec![
         (
+            // Whole chunks are written ahead of their commit and logged by address: written,
+            // overwritten and cut within one group (extents that never reach the tree), and
+            // across commits.
+            "whole_chunks_ahead_of_commit",
+            write_file("/w", pattern(300_000, 11), false)
+                .into_iter()
+                .chain([
+                    Step::Fsync,
+                    op(|fs| {
+                        let ino = fs.resolve("/w")?;
+                        fs.write(ino, 65_536, &pattern(131_072, 12)).map(|_| ())
+                    }),
+                    op(|fs| {
+                        let ino = fs.resolve("/w")?;
+                        fs.write(ino, 60_000, &pattern(140_000, 13)).map(|_| ())
+                    }),
+                    op(|fs| {
+                        let ino = fs.resolve("/w")?;
+                        fs.setattr(
+                            ino,
+                            &SetAttr {
+                                size: Some(100_000),
+                                ..Default::default()
+                            },
+                        )
+                        .map(|_| ())
+                    }),
+                    Step::Fsync,
+                    op(|fs| {
+                        let ino = fs.resolve("/w")?;
+                        fs.write(ino, 196_608, &pattern(262_144, 14)).map(|_| ())
+                    }),
+                    Step::Sync,
+                    op(|fs| {
+                        let ino = fs.resolve("/w")?;
+                        fs.write(ino, 0, &pattern(196_608, 15)).map(|_| ())
+                    }),
+                    op(|fs| fs.remove_path("/w")),
+                    Step::Fsync,
+                ])
+                .collect(),
+        ),
+        (
             "files_and_renames",
             vec![op(|fs| fs.mkdir_path("/a").map(|_| ()))]
                 .into_iter()

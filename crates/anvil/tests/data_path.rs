@@ -468,7 +468,9 @@ fn patched_chunks_are_folded_in_the_background() {
 }
 
 /// With a crash log file, an fsync copies what the image's log region lacks into it, unless
-/// that is more than 1 MiB: then it commits, and the data is written once, in place.
+/// that is more than 1 MiB: then it commits, and the data is written once, in place. (Whole
+/// chunks are written ahead and logged by address, so it takes writes of parts of chunks
+/// to log that much.)
 #[test]
 fn a_large_fsync_commits_and_a_small_one_copies_the_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -489,11 +491,97 @@ fn a_large_fsync_commits_and_a_small_one_copies_the_log() {
         "a small fsync copies the log"
     );
     assert!(fs.info().pending_bytes > 0);
-    fs.write_file("/big", &text(1_500_000, 1)).unwrap();
+    fs.write_file("/big", b"").unwrap();
     let ino = fs.resolve("/big").unwrap();
+    let big = text(1_500_000, 1);
+    for (i, piece) in big.chunks(40_000).enumerate() {
+        fs.write(ino, i as u64 * 40_000, piece).unwrap();
+    }
     fs.fsync(ino).unwrap();
     assert!(fs.info().committed_tid > before, "a large fsync commits");
     assert_eq!(fs.info().pending_bytes, 0);
     assert_eq!(fs.read_file("/big").unwrap(), text(1_500_000, 1));
+    assert_clean(&fs);
+}
+
+/// Whole chunks go to the device when they are written, and the log names them: an fsync
+/// copies a few addresses, the commit links the extents without writing them again, and a
+/// process killed before the commit loses none of them.
+#[test]
+fn whole_chunks_are_written_once_ahead_of_their_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = MountOptions {
+        crash_log_file: Some(dir.path().join("crash.log")),
+        ..options()
+    };
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 1 << 30, "ahead").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options.clone()).unwrap();
+    let before = fs.info().committed_tid;
+    let content = text(4 << 20, 7);
+    fs.write_file("/f", &content).unwrap();
+    assert!(
+        fs.info().pending_bytes < 64 * 1024,
+        "the chunks are not held in memory: {}",
+        fs.info().pending_bytes
+    );
+    let ino = fs.resolve("/f").unwrap();
+    fs.fsync(ino).unwrap();
+    assert_eq!(
+        fs.info().committed_tid,
+        before,
+        "the fsync copies addresses"
+    );
+    assert_eq!(fs.read_file("/f").unwrap(), content);
+    // Overwrite half of it in the same group: the first extents never reach the tree.
+    let half = text(2 << 20, 8);
+    fs.write(ino, 1 << 20, &half).unwrap();
+    let mut expected = content.clone();
+    expected[1 << 20..3 << 20].copy_from_slice(&half);
+    // Killed: the image and the crash log file as the process left them.
+    let image = device.pages();
+    let killed = dir.path().join("killed.log");
+    std::fs::copy(dir.path().join("crash.log"), &killed).unwrap();
+    drop(fs);
+    let device = Arc::new(MemDevice::from_pages(image));
+    let options = MountOptions {
+        crash_log_file: Some(killed),
+        ..options
+    };
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options).unwrap();
+    assert_eq!(fs.read_file("/f").unwrap(), expected);
+    assert_clean(&fs);
+    let used = fs.info().used_bytes;
+    let tid = fs.sync().unwrap();
+    assert_eq!(fs.at(tid).unwrap().read_file("/f").unwrap(), expected);
+    assert!(
+        fs.info().used_bytes < used + (5 << 20),
+        "replaced extents are freed: {} then {}",
+        used,
+        fs.info().used_bytes
+    );
+    assert_clean(&fs);
+}
+
+/// Extents written ahead of a commit that does not link them count as free in the space
+/// map that commit writes: after a power loss nothing refers to them.
+#[test]
+fn extents_written_ahead_are_free_in_other_commits_maps() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 1 << 30, "ahead").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let chunk = text(65_536, 3);
+    let extents = fs
+        .volume()
+        .write_direct(&[&chunk, &chunk], anvil::format::record::compression::LZ4)
+        .unwrap();
+    fs.write_file("/other", b"commits without them").unwrap();
+    fs.sync().unwrap();
+    // `check` compares the map the commit wrote with the blocks the tree uses.
+    assert_clean(&fs);
+    let free = fs.volume().usage().free_bytes;
+    fs.volume().release_direct(&extents);
+    assert!(fs.volume().usage().free_bytes > free);
+    fs.sync().unwrap();
     assert_clean(&fs);
 }

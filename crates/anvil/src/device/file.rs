@@ -472,6 +472,44 @@ impl Device for FileDevice {
         result
     }
 
+    fn write_staged_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.windows.writes.fetch_add(1, Ordering::AcqRel);
+        self.windows.invalidate(offset, len);
+        let result = pwritev_all(&self.file, bufs, offset);
+        self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
+        result
+    }
+
+    fn forget_staged(&self, offset: u64, len: u64) {
+        use std::os::unix::io::AsRawFd;
+        // Only when reads bypass the host's cache: otherwise it is the only cache.
+        if self.direct_file().is_none() {
+            return;
+        }
+        let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len))
+        else {
+            return;
+        };
+        // SAFETY: posix_fadvise takes a descriptor this device owns and plain integers;
+        // it reads and writes no memory of ours.
+        let rc = unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset,
+                len,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            log::debug!(
+                "posix_fadvise(DONTNEED) failed: {}",
+                io::Error::from_raw_os_error(rc)
+            );
+        }
+    }
+
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         if self.direct_file().is_some() {
             // One aligned buffer for the run: one request, as pwritev would make.

@@ -40,6 +40,19 @@ pub trait Device: Send + Sync {
     fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.write_at(buf, offset)
     }
+    /// `write_staged_at` of buffers back to back from `offset` (one request where the
+    /// device supports it): file data written ahead of its commit.
+    fn write_staged_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.write_staged_at(buf, at)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
+    /// A hint after a `flush`: the host may drop what it caches of staged writes to
+    /// `[offset, offset + len)` (they are durable; reads of them go to the device).
+    fn forget_staged(&self, _offset: u64, _len: u64) {}
     /// Barrier: every write that returned before this call is durable when it returns.
     fn flush(&self) -> io::Result<()>;
     /// Current length in bytes.

@@ -10,7 +10,7 @@
 //! are still read, for volumes last written by an older build.
 
 use super::coding::Reader;
-use super::record::LogicalKey;
+use super::record::{ExtentRef, LogicalKey};
 use super::{
     open_block, write_block_into, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES,
     FORMAT_VERSION, HEADER_BYTES,
@@ -27,6 +27,10 @@ pub const LOG_UNIT_LEN: usize = 512;
 const _: () = assert!(LOG_UNIT_LEN as u64 == LOG_UNIT_BYTES);
 /// The first format version whose batches have the layout of this file.
 const RING_VERSION: u16 = 3;
+/// The first format version whose entries may name an extent written before its commit.
+const DIRECT_VERSION: u16 = 5;
+/// offset, stored_bytes, logical_bytes, checksum, compression: an `Extent` value.
+const EXTENT_REF_BYTES: usize = 8 + 4 + 4 + 8 + 1;
 
 /// What an entry does to its record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +42,9 @@ pub enum LogValue {
     /// The record's value, already set earlier in the same epoch, changes: it takes length
     /// `len` (cut, or grown with zeros) and `bytes` are written at `at`.
     Splice { len: u32, at: u32, bytes: Vec<u8> },
+    /// The record's whole new value is this extent, written to the device (through the
+    /// host's page cache) before the batch: only its address is logged (format version 5).
+    Extent(ExtentRef),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +96,7 @@ pub enum ValueRef<'a> {
     Delete,
     Put(&'a [u8]),
     Splice { len: u32, at: u32, bytes: &'a [u8] },
+    Extent(ExtentRef),
 }
 
 /// Fixed payload fields: seq, next_obj, salt, follows, follows_count, count.
@@ -100,6 +108,7 @@ impl ValueRef<'_> {
             ValueRef::Delete => 0,
             ValueRef::Put(bytes) => 4 + bytes.len(),
             ValueRef::Splice { bytes, .. } => 12 + bytes.len(),
+            ValueRef::Extent(_) => EXTENT_REF_BYTES,
         }
     }
 }
@@ -173,6 +182,14 @@ pub fn encode_batch_into(
                     w.u32(bytes.len() as u32);
                     w.raw(bytes);
                 }
+                ValueRef::Extent(extent) => {
+                    w.u8(3);
+                    w.u64(extent.offset);
+                    w.u32(extent.stored_bytes);
+                    w.u32(extent.logical_bytes);
+                    w.u64(extent.checksum);
+                    w.u8(extent.compression);
+                }
             }
         }
     })
@@ -191,6 +208,7 @@ impl LogEntry {
                     at: *at,
                     bytes,
                 },
+                LogValue::Extent(extent) => ValueRef::Extent(*extent),
             },
         }
     }
@@ -277,6 +295,13 @@ impl LogBatch {
                         bytes: r.take(count)?.to_vec(),
                     }
                 }
+                3 if header.version >= DIRECT_VERSION => LogValue::Extent(ExtentRef {
+                    offset: r.u64()?,
+                    stored_bytes: r.u32()?,
+                    logical_bytes: r.u32()?,
+                    checksum: r.u64()?,
+                    compression: r.u8()?,
+                }),
                 other => {
                     return Err(Error::corrupt(
                         format!("log value kind {other}"),
@@ -359,6 +384,21 @@ mod tests {
                         at: 8192,
                         bytes: vec![9; 4096],
                     },
+                },
+                LogEntry {
+                    lk: LogicalKey {
+                        obj: 3,
+                        rtype: 3,
+                        key: 131072,
+                    },
+                    replaces: 7,
+                    value: LogValue::Extent(ExtentRef {
+                        offset: 1 << 40,
+                        stored_bytes: 40000,
+                        logical_bytes: 65536,
+                        checksum: 0xfeed_f00d_1234_5678,
+                        compression: 2,
+                    }),
                 },
             ],
         };

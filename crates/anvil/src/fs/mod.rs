@@ -1070,11 +1070,12 @@ impl Filesystem {
         };
         self.volume.throttle();
         self.volume.check_space(data.len() as u64)?;
-        // The chunks this write covers whole, copied before the volume's lock is taken: the
-        // copy is most of a large write's work, and under the lock it held up every other
-        // request (reads too) for as long.
+        // The chunks this write covers whole go to the device now, before the volume's lock
+        // is taken (`Volume::write_direct`): written once, to their place, and only their
+        // addresses logged. (They were copied into memory, copied again into the redo log
+        // and written by the commit: three copies and two checksums of every byte.)
         let first_whole = offset.div_ceil(DATA_CHUNK_BYTES);
-        let whole_chunks: Vec<Arc<Vec<u8>>> = (first_whole..end / DATA_CHUNK_BYTES)
+        let whole_chunks: Vec<&[u8]> = (first_whole..end / DATA_CHUNK_BYTES)
             .map(|index| {
                 #[expect(
                     clippy::cast_possible_truncation,
@@ -1083,9 +1084,18 @@ impl Filesystem {
                 let from = (index * DATA_CHUNK_BYTES - offset) as usize;
                 #[expect(clippy::cast_possible_truncation, reason = "64 KiB")]
                 let len = DATA_CHUNK_BYTES as usize;
-                Arc::new(data[from..from + len].to_vec())
+                &data[from..from + len]
             })
             .collect();
+        let extents = match whole_chunks.is_empty() {
+            true => Vec::new(),
+            false => {
+                let codec = self.volume.run(false, |tx| {
+                    Ok(chunk::Policy::of(&load_inode(tx, ino)?).codec)
+                })?;
+                self.volume.write_direct(&whole_chunks, codec)?
+            }
+        };
         let mut fold_soon: Vec<u64> = Vec::new();
         let written = self.volume.run(true, |tx| {
             fold_soon.clear();
@@ -1130,9 +1140,9 @@ impl Filesystem {
                         reason = "a whole chunk lies inside the write: index - first_whole is \
                                   below data.len() / 64 KiB"
                     )]
-                    let copied = whole_chunks[(index - first_whole) as usize].clone();
+                    let extent = extents[(index - first_whole) as usize];
                     // The inode is at hand: no need for `put` to look the flag up per chunk.
-                    tx.put_with(lk, Some(copied), policy.nohistory, policy.codec)?;
+                    tx.put_extent(lk, extent, policy.nohistory)?;
                     continue;
                 }
                 let existing = chunk::chunk_bytes(tx, ino, index)?;
@@ -1174,7 +1184,8 @@ impl Filesystem {
             inode.ctime = now;
             store_inode(tx, ino, &inode)?;
             Ok(data.len())
-        })?;
+        });
+        let written = written.inspect_err(|_| self.volume.release_direct(&extents))?;
         for index in fold_soon {
             self.prefetch.fold_soon(ino, index);
         }

@@ -27,6 +27,7 @@ use crate::format::superblock::Superblock;
 use crate::format::{VolumeId, BLOCK_BYTES, BLOCK_LEN};
 use crate::space::Purpose;
 use std::collections::BTreeMap;
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -812,16 +813,23 @@ impl Volume {
         header: Option<&StreamHeader>,
         ring: &super::LogRing,
     ) -> Result<Superblock> {
-        self.publish(&mut ctx.freed, previous, new_root, tid, |sb| Superblock {
-            committed_tid: tid,
-            next_tid: previous.next_tid.max(tid + 1),
-            next_obj: header.map_or(previous.next_obj, |h| h.next_obj.max(previous.next_obj)),
-            commit_time_ns: header.map_or(previous.commit_time_ns, |h| h.commit_time_ns),
-            live_objects: header.map_or(previous.live_objects, |h| h.live_objects),
-            log_start: ring.head % ring.size,
-            log_salt: ring.salt,
-            ..sb
-        })
+        self.publish(
+            &mut ctx.freed,
+            previous,
+            new_root,
+            tid,
+            &HashSet::new(),
+            |sb| Superblock {
+                committed_tid: tid,
+                next_tid: previous.next_tid.max(tid + 1),
+                next_obj: header.map_or(previous.next_obj, |h| h.next_obj.max(previous.next_obj)),
+                commit_time_ns: header.map_or(previous.commit_time_ns, |h| h.commit_time_ns),
+                live_objects: header.map_or(previous.live_objects, |h| h.live_objects),
+                log_start: ring.head % ring.size,
+                log_salt: ring.salt,
+                ..sb
+            },
+        )
     }
 }
 

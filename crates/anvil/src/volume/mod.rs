@@ -43,7 +43,7 @@ use crate::format::{
 };
 use crate::space::{Purpose, Space};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -239,7 +239,7 @@ type Frozen = (Arc<Overlay>, Arc<RootRef>, Superblock);
 
 /// A change taken from an overlay for the log: the key, what it replaces, its value (None:
 /// deleted) and which of its bytes changed.
-type Unlogged = (LogicalKey, u64, Option<Arc<Vec<u8>>>, Dirty);
+type Unlogged = (LogicalKey, u64, Option<Value>, Dirty);
 
 /// Takes the overlay's changes not yet in the log (cheap: values are shared, not copied).
 fn take_unlogged(overlay: &mut Overlay) -> Vec<Unlogged> {
@@ -262,8 +262,9 @@ fn log_entries(changes: &[Unlogged]) -> Vec<EntryRef<'_>> {
             replaces: *replaces,
             value: match (value, dirty) {
                 (None, _) => ValueRef::Delete,
-                (Some(v), Dirty::Whole) => ValueRef::Put(v),
-                (Some(v), Dirty::Bytes { lo, hi }) => {
+                (Some(Value::Extent(extent)), _) => ValueRef::Extent(*extent),
+                (Some(Value::Bytes(v)), Dirty::Whole) => ValueRef::Put(v),
+                (Some(Value::Bytes(v)), Dirty::Bytes { lo, hi }) => {
                     let hi = (*hi).min(v.len());
                     let lo = (*lo).min(hi);
                     #[expect(
@@ -729,6 +730,32 @@ impl Volume {
     /// Applies a replayed batch to the active overlay (the changes are in the log already).
     /// False if an entry does not apply (a splice of a value the replay does not hold).
     fn apply_batch(&self, batch: LogBatch) -> bool {
+        // Extents written ahead of their commit must be there, intact, before any entry of
+        // the batch applies (a batch holds whole operations): a power loss can keep a
+        // batch whose fsync never returned without the data it names.
+        let extents: Vec<ExtentRef> = batch
+            .entries
+            .iter()
+            .filter_map(|e| match e.value {
+                LogValue::Extent(extent) => Some(extent),
+                _ => None,
+            })
+            .collect();
+        for (claimed, extent) in extents.iter().enumerate() {
+            if let Err(e) = self.claim_logged_extent(extent) {
+                log::warn!(
+                    "redo log batch {} of epoch {} names an extent written ahead of its \
+                     commit that is not intact ({e}); replay stops",
+                    batch.seq,
+                    batch.epoch,
+                );
+                for extent in &extents[..claimed] {
+                    self.space
+                        .release_provisional(extent.offset, extent.allocated_bytes());
+                }
+                return false;
+            }
+        }
         let mut st = self.state.lock();
         st.next_obj = st.next_obj.max(batch.next_obj);
         for entry in batch.entries {
@@ -736,9 +763,10 @@ impl Volume {
             let replaces = current.map_or(entry.replaces, |p| p.replaces);
             let value = match entry.value {
                 LogValue::Delete => None,
-                LogValue::Put(bytes) => Some(bytes),
+                LogValue::Put(bytes) => Some(Value::Bytes(Arc::new(bytes))),
+                LogValue::Extent(extent) => Some(Value::Extent(extent)),
                 LogValue::Splice { len, at, bytes } => {
-                    let Some(base) = current.and_then(|p| p.value.as_ref()) else {
+                    let Some(Value::Bytes(base)) = current.and_then(|p| p.value.as_ref()) else {
                         log::warn!(
                             "redo log batch {} of epoch {} changes bytes of {:?}, which it \
                              never set; replay stops",
@@ -751,7 +779,7 @@ impl Volume {
                     let mut value = base.to_vec();
                     value.resize(len as usize, 0);
                     value[at as usize..at as usize + bytes.len()].copy_from_slice(&bytes);
-                    Some(value)
+                    Some(Value::Bytes(Arc::new(value)))
                 }
             };
             if entry.lk.rtype == rtype::INODE {
@@ -767,7 +795,7 @@ impl Volume {
                 st.active.objects_delta += i64::from(exists) - i64::from(existed);
             }
             let pending = Pending {
-                value: value.map(Arc::new),
+                value,
                 replaces,
                 // The log does not record per-object settings: replayed changes take
                 // the volume's (history as mounted, the default codec).
@@ -779,6 +807,14 @@ impl Volume {
         // What was replayed is in the log already.
         st.active.log_dirty.clear();
         true
+    }
+
+    /// Checks an extent a replayed batch names (in the data area, its checksum right) and
+    /// takes its space from the free map, where the last commit's map left it.
+    fn claim_logged_extent(&self, extent: &ExtentRef) -> Result<()> {
+        self.read_extent_uncached(extent)?;
+        self.space
+            .mark_provisional(extent.offset, extent.allocated_bytes())
     }
 
     /// Writes a superblock that records this writer's salt and where its batches start,
@@ -1207,8 +1243,14 @@ impl Volume {
     /// True when pending changes should be committed soon: memory pressure, or a log ring
     /// more than half full (a full one makes the operation that finds it so commit).
     pub fn wants_commit(&self) -> bool {
-        if self.state.lock().active.pending_bytes > self.pending_bytes_max / 2 {
-            return true;
+        {
+            // Data written ahead of its commit holds host memory until the commit too.
+            let st = self.state.lock();
+            if st.active.pending_bytes > self.pending_bytes_max / 2
+                || st.active.direct_bytes > self.pending_bytes_max
+            {
+                return true;
+            }
         }
         let ring = self.log.lock();
         ring.used() > ring.size / 2
@@ -1342,6 +1384,7 @@ impl Volume {
                 {
                     let mut st = self.state.lock();
                     self.retire(&old_root, freed);
+                    self.space.settle(frozen.direct_extents().map(|e| e.offset));
                     st.root = Arc::new(RootRef {
                         root: new_root,
                         tid,
@@ -1353,6 +1396,7 @@ impl Volume {
                     st.superblock = sb;
                 }
                 drop(old_root);
+                self.forget_direct(&frozen);
                 {
                     // The previous epoch's batches are dead: the ring may reuse their space.
                     let mut ring = self.log.lock();
@@ -1403,8 +1447,18 @@ impl Volume {
                     Mutation::MarkDeleted(old)
                 });
             }
-            let Some(value) = &pending.value else {
-                continue;
+            let value = match &pending.value {
+                None => continue,
+                Some(Value::Extent(extent)) => {
+                    // Written ahead of the commit: linked as it is.
+                    mutations.push(Mutation::Insert(Element {
+                        key: Key::new(*lk, tid),
+                        delete_tid: 0,
+                        payload: Payload::Extent(*extent),
+                    }));
+                    continue;
+                }
+                Some(Value::Bytes(value)) => value,
             };
             let is_data = lk.rtype == rtype::DATA || lk.rtype == rtype::PATCH;
             // Data beyond a small size, and a symlink target too long for a leaf, live in an
@@ -1455,30 +1509,46 @@ impl Volume {
         let mut ctx = CommitContext::new(self.loader(), &self.space, tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         ctx.write_out()?;
-        let sb = self.publish(&mut ctx.freed, &previous, new_root, tid, |sb| Superblock {
-            committed_tid: tid,
-            next_tid: previous.next_tid.max(tid + 1),
-            commit_time_ns: commit_time,
-            live_objects: previous
-                .live_objects
-                .saturating_add_signed(frozen.objects_delta),
-            ..sb
-        })?;
+        // Extents written ahead of the commit that the group replaced before it: never in
+        // any tree, free once this commit is durable (a reader may hold one, as any freed
+        // extent, until it lets go of the root it read under).
+        ctx.freed
+            .extend(frozen.dead.iter().map(|e| (e.offset, e.allocated_bytes())));
+        let committing = frozen.direct_extents().map(|e| e.offset).collect();
+        let sb = self.publish(
+            &mut ctx.freed,
+            &previous,
+            new_root,
+            tid,
+            &committing,
+            |sb| Superblock {
+                committed_tid: tid,
+                next_tid: previous.next_tid.max(tid + 1),
+                commit_time_ns: commit_time,
+                live_objects: previous
+                    .live_objects
+                    .saturating_add_signed(frozen.objects_delta),
+                ..sb
+            },
+        )?;
         Ok((new_root, ctx.freed, sb))
     }
 
     /// Makes a written tree durable: the space map as of after this commit, a flush, then
     /// the superblock `make` finishes from the previous one with the new root and map
     /// filled in, and a flush.
+    /// `committing` names (by offset) the extents written ahead of this commit that it
+    /// links or frees; the map counts every other such extent as free.
     fn publish(
         &self,
         freed: &mut Vec<(u64, u64)>,
         previous: &Superblock,
         new_root: Root,
         tid: u64,
+        committing: &HashSet<u64>,
         make: impl FnOnce(Superblock) -> Superblock,
     ) -> Result<Superblock> {
-        let map = self.write_space_map(previous, freed, tid)?;
+        let map = self.write_space_map(previous, freed, tid, committing)?;
         self.device.flush()?;
         let sb = make(Superblock {
             seq: previous.seq + 1,
@@ -1493,6 +1563,30 @@ impl Volume {
         self.device.write_at(&sb.encode(), sb.address())?;
         self.device.flush()?;
         Ok(sb)
+    }
+
+    /// Lets the host drop the pages of the extents a durable commit linked (or freed) that
+    /// were written ahead of it: they are on the device, and reads bypass the host's cache.
+    fn forget_direct(&self, frozen: &Overlay) {
+        let mut ranges: Vec<(u64, u64)> = frozen
+            .direct_extents()
+            .map(|e| (e.offset, e.allocated_bytes()))
+            .collect();
+        ranges.sort_unstable();
+        let mut run: Option<(u64, u64)> = None;
+        for (offset, bytes) in ranges {
+            run = match run {
+                Some((start, len)) if start + len == offset => Some((start, len + bytes)),
+                Some((start, len)) => {
+                    self.device.forget_staged(start, len);
+                    Some((offset, bytes))
+                }
+                None => Some((offset, bytes)),
+            };
+        }
+        if let Some((start, len)) = run {
+            self.device.forget_staged(start, len);
+        }
     }
 
     /// Hands what a durable commit freed to the root it replaced: the space returns to the
@@ -1511,6 +1605,7 @@ impl Volume {
         previous: &Superblock,
         freed: &mut Vec<(u64, u64)>,
         tid: u64,
+        committing: &HashSet<u64>,
     ) -> Result<SpaceMapPlace> {
         if previous.space_map_address != 0 {
             freed.push((previous.space_map_address, previous.space_map_bytes));
@@ -1518,7 +1613,7 @@ impl Volume {
         let mut bytes = previous.space_map_bytes.max(BLOCK_BYTES);
         loop {
             let address = self.space.allocate(bytes, Purpose::Metadata)?;
-            let ranges = match self.space.persisted_free(freed) {
+            let ranges = match self.space.persisted_free(freed, committing) {
                 Ok(ranges) => ranges,
                 Err(e) => {
                     self.space.release(address, bytes);
@@ -1610,6 +1705,106 @@ impl Volume {
             start = end;
         }
         Ok(())
+    }
+
+    /// Writes whole chunks ahead of their commit, as HAMMER wrote file data: each is
+    /// compressed with `codec` (when that pays), checksummed and written once to the place
+    /// it will have in the tree, through the host's page cache (so the bytes survive this
+    /// process as soon as the call returns, as the crash log does), and the operation that
+    /// takes them logs only their addresses (`Tx::put_extent`). The commit links them and
+    /// writes nothing of them again; after its flush the host may drop them from its cache.
+    /// Extents an operation does not take must go back through `release_direct`.
+    pub fn write_direct(&self, chunks: &[&[u8]], codec: u8) -> Result<Vec<ExtentRef>> {
+        static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
+        if self.is_read_only() {
+            return Err(self.read_only_error());
+        }
+        if self.is_slave() {
+            return Err(Error::Slave);
+        }
+        let encoded: Vec<Option<(u8, Vec<u8>)>> =
+            chunks.iter().map(|c| encode_extent(c, codec)).collect();
+        let stored = |i: usize| -> &[u8] {
+            match &encoded[i] {
+                Some((_, compressed)) => compressed,
+                None => chunks[i],
+            }
+        };
+        let sizes: Vec<u64> = (0..chunks.len())
+            .map(|i| (stored(i).len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
+            .collect();
+        let offsets = match self.space.allocate_provisional(&sizes) {
+            Ok(offsets) => offsets,
+            // No free range holds them all: each where it fits.
+            Err(Error::NoSpace) if sizes.len() > 1 => {
+                let mut offsets = Vec::with_capacity(sizes.len());
+                for size in &sizes {
+                    match self.space.allocate_provisional(&[*size]) {
+                        Ok(one) => offsets.extend(one),
+                        Err(e) => {
+                            for (offset, size) in offsets.iter().zip(&sizes) {
+                                self.space.release_provisional(*offset, *size);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                offsets
+            }
+            Err(e) => return Err(e),
+        };
+        let extents: Vec<ExtentRef> = (0..chunks.len())
+            .map(|i| {
+                let bytes = stored(i);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "a chunk is at most 64 KiB, stored compressed only when smaller"
+                )]
+                ExtentRef {
+                    offset: offsets[i],
+                    stored_bytes: bytes.len() as u32,
+                    logical_bytes: chunks[i].len() as u32,
+                    checksum: crate::checksum::checksum(bytes),
+                    compression: encoded[i]
+                        .as_ref()
+                        .map_or(crate::format::record::compression::NONE, |(c, _)| *c),
+                }
+            })
+            .collect();
+        // Neighbours on the device go in one request.
+        let mut start = 0;
+        while start < extents.len() {
+            let mut end = start + 1;
+            while end < extents.len() && offsets[end - 1] + sizes[end - 1] == offsets[end] {
+                end += 1;
+            }
+            let mut slices: Vec<&[u8]> = Vec::with_capacity(2 * (end - start));
+            for i in start..end {
+                let bytes = stored(i);
+                slices.push(bytes);
+                let padding = bytes.len().next_multiple_of(BLOCK_LEN) - bytes.len();
+                if padding > 0 {
+                    slices.push(&ZEROS[..padding]);
+                }
+            }
+            if let Err(e) = self
+                .device
+                .write_staged_vectored_at(&slices, offsets[start])
+            {
+                self.release_direct(&extents);
+                return Err(e.into());
+            }
+            start = end;
+        }
+        Ok(extents)
+    }
+
+    /// Frees extents `write_direct` wrote that no operation took.
+    pub fn release_direct(&self, extents: &[ExtentRef]) {
+        for extent in extents {
+            self.space
+                .release_provisional(extent.offset, extent.allocated_bytes());
+        }
     }
 
     /// Asks the next commit to place `obj`'s data right after `near`'s (when both are in
@@ -2097,7 +2292,14 @@ impl Volume {
         ctx.write_out()?;
         step.nodes_written = ctx.nodes_written;
         let tid = previous.committed_tid;
-        let sb = self.publish(&mut ctx.freed, &previous, new_root, tid, |sb| sb)?;
+        let sb = self.publish(
+            &mut ctx.freed,
+            &previous,
+            new_root,
+            tid,
+            &HashSet::new(),
+            |sb| sb,
+        )?;
         let freed = ctx.freed;
         let mut st = self.state.lock();
         self.retire(&old_root, freed);
@@ -2184,6 +2386,13 @@ type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock);
 /// A log entry the engine could have written: known record type, value within its limits.
 fn log_entry_is_valid(entry: &LogEntry) -> bool {
     let len = match &entry.value {
+        // Only whole chunks are written ahead of their commit.
+        LogValue::Extent(extent) => {
+            return entry.lk.rtype == rtype::DATA
+                && u64::from(extent.logical_bytes) <= crate::format::record::DATA_CHUNK_BYTES
+                && u64::from(extent.stored_bytes) <= EXTENT_STORED_BYTES_MAX
+                && entry.replaces < u64::MAX;
+        }
         LogValue::Delete => 0,
         LogValue::Put(bytes) => bytes.len(),
         LogValue::Splice { len, at, bytes } => {

@@ -12,11 +12,22 @@ pub enum Value {
     Extent(ExtentRef),
 }
 
+impl Value {
+    /// Bytes of memory the value holds (an extent holds none: it is on the device).
+    pub fn memory_bytes(&self) -> u64 {
+        match self {
+            Value::Bytes(bytes) => bytes.len() as u64,
+            Value::Extent(_) => 0,
+        }
+    }
+}
+
 /// One pending change to a logical key.
 #[derive(Clone, Debug)]
 pub struct Pending {
-    /// New content; None deletes the record.
-    pub value: Option<Arc<Vec<u8>>>,
+    /// New content; None deletes the record. An extent here was written before its commit
+    /// (`Volume::write_direct`): the commit only links it into the tree.
+    pub value: Option<Value>,
     /// create_tid of the committed version this change replaces; 0 when none.
     pub replaces: u64,
     /// Destroy the replaced version instead of keeping it as history.
@@ -48,6 +59,12 @@ pub struct Overlay {
     pub prune: BTreeSet<Key>,
     /// Live inodes this group adds (negative: removes), for the count a commit records.
     pub objects_delta: i64,
+    /// Extents written before the commit whose values this group replaced or deleted
+    /// before the commit: never in the tree, freed by the commit.
+    pub dead: Vec<ExtentRef>,
+    /// Bytes of extents written before the commit that this group holds (host page cache
+    /// the commit lets go of).
+    pub direct_bytes: u64,
 }
 
 impl Overlay {
@@ -77,12 +94,11 @@ impl Overlay {
         lo: usize,
         hi: usize,
     ) {
-        let spliceable = pending.value.is_some()
+        let spliceable = matches!(pending.value, Some(Value::Bytes(_)))
             && self
                 .map
                 .get(&lk)
-                .and_then(|p| p.value.as_ref())
-                .is_some_and(|v| Arc::ptr_eq(v, base));
+                .is_some_and(|p| matches!(&p.value, Some(Value::Bytes(v)) if Arc::ptr_eq(v, base)));
         self.replace(lk, pending);
         if !spliceable {
             self.log_dirty.insert(lk, Dirty::Whole);
@@ -104,10 +120,28 @@ impl Overlay {
     }
 
     fn replace(&mut self, lk: LogicalKey, pending: Pending) {
-        let new_bytes = pending.value.as_ref().map_or(0, |v| v.len() as u64) + 64;
+        let new_bytes = pending.value.as_ref().map_or(0, Value::memory_bytes) + 64;
+        if let Some(Value::Extent(extent)) = &pending.value {
+            self.direct_bytes += extent.allocated_bytes();
+        }
         if let Some(old) = self.map.insert(lk, pending) {
-            self.pending_bytes -= old.value.as_ref().map_or(0, |v| v.len() as u64) + 64;
+            self.pending_bytes -= old.value.as_ref().map_or(0, Value::memory_bytes) + 64;
+            if let Some(Value::Extent(extent)) = old.value {
+                self.direct_bytes -= extent.allocated_bytes();
+                self.dead.push(extent);
+            }
         }
         self.pending_bytes += new_bytes;
+    }
+
+    /// Extents written before the commit that this group links into the tree or frees.
+    pub fn direct_extents(&self) -> impl Iterator<Item = &ExtentRef> {
+        self.map
+            .values()
+            .filter_map(|p| match &p.value {
+                Some(Value::Extent(extent)) => Some(extent),
+                _ => None,
+            })
+            .chain(self.dead.iter())
     }
 }

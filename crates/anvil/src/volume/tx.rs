@@ -21,6 +21,8 @@ pub struct Tx<'a> {
     splices: HashMap<LogicalKey, (Arc<Vec<u8>>, usize, usize)>,
     /// Live objects created minus destroyed by this operation.
     objects_delta: i64,
+    /// Extents written before the commit that this operation set and then replaced.
+    dead: Vec<ExtentRef>,
 }
 
 impl<'a> Tx<'a> {
@@ -38,6 +40,7 @@ impl<'a> Tx<'a> {
             writes: BTreeMap::new(),
             splices: HashMap::new(),
             objects_delta: 0,
+            dead: Vec::new(),
         }
     }
 
@@ -47,6 +50,7 @@ impl<'a> Tx<'a> {
             .live_objects
             .saturating_add_signed(self.objects_delta);
         self.state.active.objects_delta += self.objects_delta;
+        self.state.active.dead.extend(self.dead);
         let mut splices = self.splices;
         for (lk, pending) in self.writes {
             match splices.remove(&lk) {
@@ -114,7 +118,7 @@ impl<'a> Tx<'a> {
 
     pub fn get(&self, lk: LogicalKey) -> Step<Option<Value>> {
         if let Some((pending, _)) = self.pending(&lk) {
-            return Ok(pending.value.clone().map(Value::Bytes));
+            return Ok(pending.value.clone());
         }
         Ok(self.tree_live(lk)?.map(|(_, value)| value))
     }
@@ -159,6 +163,28 @@ impl<'a> Tx<'a> {
         nohistory: bool,
         codec: u8,
     ) -> Step<()> {
+        self.put_value(lk, value.map(Value::Bytes), nohistory, codec)
+    }
+
+    /// `put_with` of an extent `Volume::write_direct` wrote for this record: the commit
+    /// links it into the tree as it is. The operation owns it from here on (a failed
+    /// operation's caller frees it).
+    pub fn put_extent(&mut self, lk: LogicalKey, extent: ExtentRef, nohistory: bool) -> Step<()> {
+        self.put_value(
+            lk,
+            Some(Value::Extent(extent)),
+            nohistory,
+            extent.compression,
+        )
+    }
+
+    fn put_value(
+        &mut self,
+        lk: LogicalKey,
+        value: Option<Value>,
+        nohistory: bool,
+        codec: u8,
+    ) -> Step<()> {
         let (replaces, existed) = match self.pending(&lk) {
             Some((pending, None)) => (pending.replaces, pending.value.is_some()),
             Some((pending, Some(frozen))) => {
@@ -185,7 +211,7 @@ impl<'a> Tx<'a> {
         }
         let nohistory = nohistory || self.volume.options.nohistory;
         self.splices.remove(&lk);
-        self.writes.insert(
+        let old = self.writes.insert(
             lk,
             Pending {
                 value,
@@ -194,6 +220,13 @@ impl<'a> Tx<'a> {
                 codec,
             },
         );
+        if let Some(Pending {
+            value: Some(Value::Extent(extent)),
+            ..
+        }) = old
+        {
+            self.dead.push(extent);
+        }
         Ok(())
     }
 
@@ -306,7 +339,7 @@ impl<'a> Tx<'a> {
             ];
             for (layer, tid) in layers.into_iter().flatten() {
                 for (lk, pending) in layer.range((Bound::Included(from), Bound::Included(to))) {
-                    layered.insert(lk.key, (pending.value.clone().map(Value::Bytes), tid));
+                    layered.insert(lk.key, (pending.value.clone(), tid));
                 }
             }
             let mut tree = batch.into_iter().peekable();
