@@ -1073,29 +1073,58 @@ impl Filesystem {
         // The chunks this write covers whole go to the device now, before the volume's lock
         // is taken (`Volume::write_direct`): written once, to their place, and only their
         // addresses logged. (They were copied into memory, copied again into the redo log
-        // and written by the commit: three copies and two checksums of every byte.)
+        // and written by the commit: three copies and two checksums of every byte.) Not a
+        // chunk this group already holds: that one is being rewritten over and over (a
+        // record rewritten in place, a file rewritten before the commit), and the memory
+        // path keeps only its last version, which the commit writes once; written ahead,
+        // every version went to the device (record rewrites of 1 MiB: 2.3 to 0.9 GB/s).
         let first_whole = offset.div_ceil(DATA_CHUNK_BYTES);
-        let whole_chunks: Vec<&[u8]> = (first_whole..end / DATA_CHUNK_BYTES)
-            .map(|index| {
-                #[expect(
-                    clippy::cast_possible_truncation,
-                    reason = "the chunk lies inside offset..end, and end - offset is data.len()"
-                )]
-                let from = (index * DATA_CHUNK_BYTES - offset) as usize;
-                #[expect(clippy::cast_possible_truncation, reason = "64 KiB")]
-                let len = DATA_CHUNK_BYTES as usize;
-                &data[from..from + len]
+        let chunk_of = |index: u64| {
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "the chunk lies inside offset..end, and end - offset is data.len()"
+            )]
+            let from = (index * DATA_CHUNK_BYTES - offset) as usize;
+            #[expect(clippy::cast_possible_truncation, reason = "64 KiB")]
+            let len = DATA_CHUNK_BYTES as usize;
+            &data[from..from + len]
+        };
+        let whole_indexes: Vec<u64> = (first_whole..end / DATA_CHUNK_BYTES).collect();
+        let (codec, held) = match whole_indexes.is_empty() {
+            true => (0, Vec::new()),
+            false => self.volume.run(false, |tx| {
+                let codec = chunk::Policy::of(&load_inode(tx, ino)?).codec;
+                let held: Vec<bool> = whole_indexes
+                    .iter()
+                    .map(|&index| tx.is_pending_active(&chunk_key(ino, index)))
+                    .collect();
+                Ok((codec, held))
+            })?,
+        };
+        let ahead: Vec<&[u8]> = whole_indexes
+            .iter()
+            .zip(&held)
+            .filter(|(_, &held)| !held)
+            .map(|(&index, _)| chunk_of(index))
+            .collect();
+        let extents = match ahead.is_empty() {
+            true => Vec::new(),
+            false => self.volume.write_direct(&ahead, codec)?,
+        };
+        let mut written_ahead = extents.iter().copied();
+        let whole_chunks: Vec<WholeChunk> = whole_indexes
+            .iter()
+            .zip(&held)
+            .map(|(&index, &held)| {
+                let ahead = if held { None } else { written_ahead.next() };
+                match ahead {
+                    Some(extent) => WholeChunk::Extent(extent),
+                    // The copy is made before the lock too: under it, it held up every other
+                    // request for as long.
+                    None => WholeChunk::Bytes(Arc::new(chunk_of(index).to_vec())),
+                }
             })
             .collect();
-        let extents = match whole_chunks.is_empty() {
-            true => Vec::new(),
-            false => {
-                let codec = self.volume.run(false, |tx| {
-                    Ok(chunk::Policy::of(&load_inode(tx, ino)?).codec)
-                })?;
-                self.volume.write_direct(&whole_chunks, codec)?
-            }
-        };
         let mut fold_soon: Vec<u64> = Vec::new();
         let written = self.volume.run(true, |tx| {
             fold_soon.clear();
@@ -1140,9 +1169,16 @@ impl Filesystem {
                         reason = "a whole chunk lies inside the write: index - first_whole is \
                                   below data.len() / 64 KiB"
                     )]
-                    let extent = extents[(index - first_whole) as usize];
+                    let whole = &whole_chunks[(index - first_whole) as usize];
                     // The inode is at hand: no need for `put` to look the flag up per chunk.
-                    tx.put_extent(lk, extent, policy.nohistory)?;
+                    match whole {
+                        WholeChunk::Extent(extent) => {
+                            tx.put_extent(lk, *extent, policy.nohistory)?
+                        }
+                        WholeChunk::Bytes(bytes) => {
+                            tx.put_with(lk, Some(bytes.clone()), policy.nohistory, policy.codec)?
+                        }
+                    }
                     continue;
                 }
                 let existing = chunk::chunk_bytes(tx, ino, index)?;
@@ -1543,4 +1579,10 @@ impl Drop for Filesystem {
             let _ = handle.join();
         }
     }
+}
+
+/// A chunk a write covers whole: written ahead of its commit, or kept in memory.
+enum WholeChunk {
+    Extent(crate::format::record::ExtentRef),
+    Bytes(Arc<Vec<u8>>),
 }

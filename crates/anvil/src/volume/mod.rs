@@ -1568,6 +1568,9 @@ impl Volume {
     /// Lets the host drop the pages of the extents a durable commit linked (or freed) that
     /// were written ahead of it: they are on the device, and reads bypass the host's cache.
     fn forget_direct(&self, frozen: &Overlay) {
+        for extent in &frozen.dead {
+            self.cache.remove_extent(extent);
+        }
         let mut ranges: Vec<(u64, u64)> = frozen
             .direct_extents()
             .map(|e| (e.offset, e.allocated_bytes()))
@@ -1795,6 +1798,12 @@ impl Volume {
                 return Err(e.into());
             }
             start = end;
+        }
+        // What was just written is what is read next (a file read back, or a chunk
+        // written in part soon after): one copy into the cache, as a commit leaves the
+        // chunks it wrote there.
+        for (extent, chunk) in extents.iter().zip(chunks) {
+            self.cache.insert_extent(*extent, Arc::new(chunk.to_vec()));
         }
         Ok(extents)
     }
