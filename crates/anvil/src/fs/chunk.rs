@@ -14,7 +14,9 @@
 use super::{chunk_key, put};
 use crate::btree::{Step, Stop};
 use crate::error::{Error, Result};
-use crate::format::record::{inode_flags, patch, rtype, Inode, LogicalKey, DATA_CHUNK_BYTES};
+use crate::format::record::{
+    compression, inode_flags, patch, rtype, Inode, LogicalKey, DATA_CHUNK_BYTES,
+};
 use crate::volume::{Tx, Value};
 use std::sync::Arc;
 
@@ -165,9 +167,19 @@ pub(super) fn try_patch(
     if tx.is_pending_active(&lk) {
         return Ok(Patched::No); // the chunk is in memory anyway and commits once
     }
-    let data_len = match tx.get(lk)? {
-        Some(Value::Extent(extent)) => extent.logical_bytes as usize,
+    let (data_len, stored_raw) = match tx.get(lk)? {
+        Some(Value::Extent(extent)) => (
+            extent.logical_bytes as usize,
+            extent.compression == compression::NONE,
+        ),
         _ => return Ok(Patched::No), // a hole, or inline bytes: rewriting costs little
+    };
+    // Pages of a chunk that did not compress are not compressed either: the commit would
+    // try every 4 KiB patch whole (no sample probe at that size), a tenth of a random
+    // small-write load's time for nothing.
+    let codec = match stored_raw {
+        true => compression::NONE,
+        false => codec,
     };
     let live = patches(tx, obj, index, index)?;
     // The chunk's length now: its DATA record extended by any patch that ends past it.

@@ -1074,10 +1074,10 @@ impl Filesystem {
         // is taken (`Volume::write_direct`): written once, to their place, and only their
         // addresses logged. (They were copied into memory, copied again into the redo log
         // and written by the commit: three copies and two checksums of every byte.) Not a
-        // chunk this group already holds: that one is being rewritten over and over (a
-        // record rewritten in place, a file rewritten before the commit), and the memory
-        // path keeps only its last version, which the commit writes once; written ahead,
-        // every version went to the device (record rewrites of 1 MiB: 2.3 to 0.9 GB/s).
+        // chunk this group rewrote already (`Tx::keeps_in_memory`): that one is being
+        // rewritten over and over (a record rewritten in place), and the memory path keeps
+        // only its last version, which the commit writes once; written ahead, every
+        // version went to the device (record rewrites of 1 MiB: 2.3 to 0.9 GB/s).
         let first_whole = offset.div_ceil(DATA_CHUNK_BYTES);
         let chunk_of = |index: u64| {
             #[expect(
@@ -1096,7 +1096,7 @@ impl Filesystem {
                 let codec = chunk::Policy::of(&load_inode(tx, ino)?).codec;
                 let held: Vec<bool> = whole_indexes
                     .iter()
-                    .map(|&index| tx.is_pending_active(&chunk_key(ino, index)))
+                    .map(|&index| tx.keeps_in_memory(&chunk_key(ino, index)))
                     .collect();
                 Ok((codec, held))
             })?,

@@ -801,6 +801,7 @@ impl Volume {
                 // the volume's (history as mounted, the default codec).
                 nohistory: self.options.nohistory,
                 codec: crate::format::record::compression::DEFAULT,
+                rewrites: 0,
             };
             st.active.insert(entry.lk, pending);
         }

@@ -34,6 +34,8 @@ pub struct Pending {
     pub nohistory: bool,
     /// Codec for the value if it becomes an extent (`format::record::compression`).
     pub codec: u8,
+    /// How many earlier values of this group it replaced (set by the overlay).
+    pub rewrites: u32,
 }
 
 /// What of a pending value changed since the redo log last took it.
@@ -119,7 +121,10 @@ impl Overlay {
         }
     }
 
-    fn replace(&mut self, lk: LogicalKey, pending: Pending) {
+    fn replace(&mut self, lk: LogicalKey, mut pending: Pending) {
+        if let Some(old) = self.map.get(&lk) {
+            pending.rewrites = old.rewrites.saturating_add(1);
+        }
         let new_bytes = pending.value.as_ref().map_or(0, Value::memory_bytes) + 64;
         if let Some(Value::Extent(extent)) = &pending.value {
             self.direct_bytes += extent.allocated_bytes();

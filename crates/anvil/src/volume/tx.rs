@@ -218,6 +218,7 @@ impl<'a> Tx<'a> {
                 replaces,
                 nohistory,
                 codec,
+                rewrites: 0,
             },
         );
         if let Some(Pending {
@@ -271,6 +272,27 @@ impl<'a> Tx<'a> {
     /// change that will commit with this operation's TID.
     pub fn is_pending_active(&self, lk: &LogicalKey) -> bool {
         self.writes.contains_key(lk) || self.state.active.map.contains_key(lk)
+    }
+
+    /// Whether a write of `lk`'s whole value should go to memory rather than be written
+    /// ahead of the commit (`Volume::write_direct`): when the active group holds it in
+    /// memory already, or wrote it ahead and rewrote it since. A value rewritten over and
+    /// over within one commit interval (a record rewritten in place) is kept in memory,
+    /// and the commit writes its last version only; a file rewritten once is written ahead
+    /// both times.
+    pub fn keeps_in_memory(&self, lk: &LogicalKey) -> bool {
+        let pending = self
+            .writes
+            .get(lk)
+            .or_else(|| self.state.active.map.get(lk));
+        match pending {
+            None => false,
+            Some(p) => match &p.value {
+                None => false,
+                Some(Value::Extent(_)) => p.rewrites > 0,
+                Some(Value::Bytes(_)) => true,
+            },
+        }
     }
 
     /// Like `range`, also giving each record's create_tid; a pending record gives the TID
