@@ -129,6 +129,16 @@ impl Session {
     /// Serves requests until the file system is unmounted. `ready` runs once a request made
     /// from this process has been answered.
     pub fn run<B: Backend>(self, adapter: Arc<B>, ready: impl FnOnce()) -> io::Result<()> {
+        // Reads do not block: a worker polls for a moment before it sleeps (`serve`).
+        let raw = self.fd.as_raw_fd();
+        // SAFETY: fcntl on a descriptor this session owns, with integer arguments.
+        let set = unsafe {
+            let flags = libc::fcntl(raw, libc::F_GETFL);
+            flags >= 0 && libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+        };
+        if !set {
+            return Err(io::Error::last_os_error());
+        }
         let mut workers = Vec::new();
         for index in 0..self.threads {
             // Every worker reads the same descriptor, not a clone of it: the requests being
@@ -261,6 +271,7 @@ fn serve<B: Backend>(fd: BorrowedFd<'_>, fs: &Uring<B>, max_write: u32) -> io::R
     // Room for the 40 bytes a request of names may be moved up by (`unpack`).
     let mut entry = RingEntry::new(max_write as usize + 4096)?;
     let mut head = [0u8; HEAD_BYTES];
+    let mut last_request = Instant::now();
     loop {
         let n = {
             let payload = entry.payload_mut();
@@ -279,14 +290,25 @@ fn serve<B: Backend>(fd: BorrowedFd<'_>, fs: &Uring<B>, max_write: u32) -> io::R
             match usize::try_from(n) {
                 Ok(n) => n,
                 Err(_) => match io::Error::last_os_error().raw_os_error() {
+                    // Nothing queued (the descriptor does not block): look again for a
+                    // moment after a request, then sleep until one comes.
+                    Some(libc::EAGAIN) => {
+                        if last_request.elapsed() < SPIN {
+                            std::hint::spin_loop();
+                        } else {
+                            wait_readable(fd);
+                        }
+                        continue;
+                    }
                     // ENOENT: the request was interrupted while being read.
-                    Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
+                    Some(libc::EINTR | libc::ENOENT) => continue,
                     // Unmounted, or the connection was aborted.
                     Some(libc::ENODEV | libc::ECONNABORTED) => return Ok(()),
                     _ => return Err(io::Error::last_os_error()),
                 },
             }
         };
+        last_request = Instant::now();
         let Some(opcode) = unpack(&mut entry, &head, n) else {
             log::warn!("a malformed request of {n} bytes from the kernel: answered EIO");
             // Whoever waits for it gets an error instead of waiting for ever.
@@ -313,6 +335,21 @@ fn serve<B: Backend>(fd: BorrowedFd<'_>, fs: &Uring<B>, max_write: u32) -> io::R
         }
         answer(fd, &entry)?;
     }
+}
+
+/// How long a worker keeps looking for the next request before it sleeps: a request that
+/// finds a worker awake skips a wake-up across CPUs.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Sleeps until the descriptor has a request (or the connection ends).
+fn wait_readable(fd: BorrowedFd<'_>) {
+    let mut pollfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the length given.
+    unsafe { libc::poll(&mut pollfd, 1, -1) };
 }
 
 /// Writes the reply a dispatch left in `entry` (its out-header's length counts the payload
