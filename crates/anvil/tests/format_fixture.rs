@@ -15,6 +15,10 @@
 //!   `format-v3-killed` was, with appends to a stored chunk in two commits and one that
 //!   only the redo log holds.
 //!
+//! - `format-v5-killed`: format version 5 (whole chunks written ahead of their commit, the
+//!   log naming their extents), taken as `format-v4-killed` was, with a file of whole
+//!   chunks, one of them rewritten in part, that only the redo log names.
+//!
 //! Each later format change adds its own pair. To write one with the current build:
 //! `ANVIL_WRITE_FIXTURE=NAME cargo test --release -p anvil --test format_fixture -- --ignored`
 
@@ -26,11 +30,12 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 5] = [
     "format-v2-nomap",
     "format-v2",
     "format-v3-killed",
     "format-v4-killed",
+    "format-v5-killed",
 ];
 const VOLUME_BYTES: u64 = 16 << 20;
 
@@ -242,6 +247,13 @@ fn unlogged_changes(fs: &Filesystem) {
     fs.remove_path("/deep/x/empty").unwrap();
     let log = fs.resolve("/log.txt").unwrap();
     fs.write(log, 24_100, b"a line only the log holds\n")
+        .unwrap();
+    // Whole chunks written ahead (format version 5): the log holds their addresses, and
+    // the second is then rewritten in part (its first extent never reaches a tree).
+    let ahead = fs
+        .write_file("/after/ahead", &bytes(3 * 65_536, 10, 0))
+        .unwrap();
+    fs.write(ahead, 65_536 + 300, b"over a chunk written ahead")
         .unwrap();
 }
 
