@@ -10,7 +10,7 @@
 //! are still read, for volumes last written by an older build.
 
 use super::coding::Reader;
-use super::record::{ExtentRef, LogicalKey};
+use super::record::{ExtentRef, LogicalKey, EXTENT_REF_BYTES};
 use super::{
     open_block, write_block_into, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES,
     FORMAT_VERSION, HEADER_BYTES,
@@ -29,8 +29,6 @@ const _: () = assert!(LOG_UNIT_LEN as u64 == LOG_UNIT_BYTES);
 const RING_VERSION: u16 = 3;
 /// The first format version whose entries may name an extent written before its commit.
 const DIRECT_VERSION: u16 = 5;
-/// offset, stored_bytes, logical_bytes, checksum, compression: an `Extent` value.
-const EXTENT_REF_BYTES: usize = 8 + 4 + 4 + 8 + 1;
 
 /// What an entry does to its record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,11 +182,7 @@ pub fn encode_batch_into(
                 }
                 ValueRef::Extent(extent) => {
                     w.u8(3);
-                    w.u64(extent.offset);
-                    w.u32(extent.stored_bytes);
-                    w.u32(extent.logical_bytes);
-                    w.u64(extent.checksum);
-                    w.u8(extent.compression);
+                    w.raw(&extent.to_bytes());
                 }
             }
         }
@@ -295,13 +289,9 @@ impl LogBatch {
                         bytes: r.take(count)?.to_vec(),
                     }
                 }
-                3 if header.version >= DIRECT_VERSION => LogValue::Extent(ExtentRef {
-                    offset: r.u64()?,
-                    stored_bytes: r.u32()?,
-                    logical_bytes: r.u32()?,
-                    checksum: r.u64()?,
-                    compression: r.u8()?,
-                }),
+                3 if header.version >= DIRECT_VERSION => {
+                    LogValue::Extent(ExtentRef::decode(&mut r)?)
+                }
                 other => {
                     return Err(Error::corrupt(
                         format!("log value kind {other}"),

@@ -135,10 +135,35 @@ pub struct ExtentRef {
     pub compression: u8,
 }
 
+/// Bytes of an encoded `ExtentRef` (in a leaf's element and in a redo log entry).
+pub const EXTENT_REF_BYTES: usize = 8 + 4 + 4 + 8 + 1;
+
 impl ExtentRef {
     /// Bytes of the device this extent occupies (whole blocks).
     pub fn allocated_bytes(&self) -> u64 {
         (self.stored_bytes as u64).div_ceil(super::BLOCK_BYTES) * super::BLOCK_BYTES
+    }
+
+    /// offset, stored_bytes, logical_bytes, checksum, compression; little endian.
+    pub fn to_bytes(&self) -> [u8; EXTENT_REF_BYTES] {
+        let mut out = [0u8; EXTENT_REF_BYTES];
+        out[0..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..12].copy_from_slice(&self.stored_bytes.to_le_bytes());
+        out[12..16].copy_from_slice(&self.logical_bytes.to_le_bytes());
+        out[16..24].copy_from_slice(&self.checksum.to_le_bytes());
+        out[24] = self.compression;
+        out
+    }
+
+    /// Reads what `to_bytes` wrote.
+    pub fn decode(r: &mut Reader<'_>) -> Result<ExtentRef> {
+        Ok(ExtentRef {
+            offset: r.u64()?,
+            stored_bytes: r.u32()?,
+            logical_bytes: r.u32()?,
+            checksum: r.u64()?,
+            compression: r.u8()?,
+        })
     }
 }
 
@@ -194,11 +219,7 @@ impl Element {
             }
             Payload::Extent(e) => {
                 w.u8(1);
-                w.u64(e.offset);
-                w.u32(e.stored_bytes);
-                w.u32(e.logical_bytes);
-                w.u64(e.checksum);
-                w.u8(e.compression);
+                w.raw(&e.to_bytes());
             }
         }
     }
@@ -214,13 +235,7 @@ impl Element {
                 }
                 Payload::Inline(r.take(len)?.to_vec())
             }
-            1 => Payload::Extent(ExtentRef {
-                offset: r.u64()?,
-                stored_bytes: r.u32()?,
-                logical_bytes: r.u32()?,
-                checksum: r.u64()?,
-                compression: r.u8()?,
-            }),
+            1 => Payload::Extent(ExtentRef::decode(r)?),
             other => return Err(bad(&format!("unknown payload kind {other}"), &key)),
         };
         if delete_tid != 0 && delete_tid <= key.create_tid {
