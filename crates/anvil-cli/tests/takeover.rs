@@ -63,6 +63,18 @@ fn dirty_pages_survive_a_killed_daemon() {
     mount.unmount();
 }
 
+/// What step `n` of a writer in `requests_in_flight_are_answered_by_the_next_daemon`
+/// writes: small files, and among the first 2,000 every eleventh one of three whole
+/// chunks and a part (written ahead of their commit when the kernel flushes them; the
+/// whole run of a long soak would fill the volume with them, history being kept).
+fn content(n: u64) -> Vec<u8> {
+    let len = match n % 11 {
+        0 if n < 2_000 => 3 * 65_536 + 5_000,
+        _ => 1000 + (n % 7) as usize * 900,
+    };
+    pattern(len, n)
+}
+
 #[test]
 fn requests_in_flight_are_answered_by_the_next_daemon() {
     if !common::fuse_or_skip("requests_in_flight_are_answered_by_the_next_daemon") {
@@ -84,12 +96,12 @@ fn requests_in_flight_are_answered_by_the_next_daemon() {
                     );
                     let d = root.join(format!("d{w}-{n}"));
                     let step = (|| -> std::io::Result<()> {
-                        std::fs::write(&f, pattern(1000 + (n % 7) as usize * 900, n))?;
+                        std::fs::write(&f, content(n))?;
                         std::fs::metadata(&f)?;
                         std::fs::rename(&f, &g)?;
                         std::fs::create_dir(&d)?;
                         std::fs::remove_dir(&d)?;
-                        if std::fs::read(&g)? != pattern(1000 + (n % 7) as usize * 900, n) {
+                        if std::fs::read(&g)? != content(n) {
                             return Err(std::io::Error::other("read back differs"));
                         }
                         if n % 2 == 0 {
@@ -132,10 +144,7 @@ fn requests_in_flight_are_answered_by_the_next_daemon() {
     mount.remount();
     for (w, n) in &kept {
         let got = std::fs::read(mount.path().join(format!("g{w}-{n}"))).unwrap();
-        assert!(
-            got == pattern(1000 + (n % 7) as usize * 900, *n),
-            "g{w}-{n} differs after the remount"
-        );
+        assert!(got == content(*n), "g{w}-{n} differs after the remount");
     }
     eprintln!(
         "{steps} steps across {kills} takeovers, no error; {} files read back after a remount",
