@@ -1396,8 +1396,10 @@ impl Volume {
                     self.frozen_unallocated.store(0, Ordering::Release);
                     st.superblock = sb;
                 }
-                drop(old_root);
+                // Before the old root goes: the extents the group replaced are still
+                // held for its readers, so no new extent is in their place yet.
                 self.forget_direct(&frozen);
+                drop(old_root);
                 {
                     // The previous epoch's batches are dead: the ring may reuse their space.
                     let mut ring = self.log.lock();
