@@ -478,6 +478,36 @@ mod tests {
     }
 
     #[test]
+    fn provisional_space_is_free_in_maps_until_settled() {
+        let space = Space::new(0, 64 * 4096);
+        let none = std::collections::HashSet::new();
+        let ahead = space.allocate_provisional(&[4096, 5000]).unwrap();
+        assert_eq!(ahead, vec![0, 4096]);
+        assert_eq!(space.free_bytes(), 61 * 4096);
+        // In use in memory, free in a map written by a commit that does not link them.
+        assert_eq!(
+            space.persisted_free(&[], &none).unwrap(),
+            vec![(0, 64 * 4096)]
+        );
+        // A commit that links the first counts it used; the second is still free there.
+        let first: std::collections::HashSet<u64> = [ahead[0]].into();
+        let map = space.persisted_free(&[], &first).unwrap();
+        assert_eq!(map, vec![(4096, 63 * 4096)]);
+        space.settle([ahead[0]]);
+        assert_eq!(space.persisted_free(&[], &none).unwrap(), map);
+        // One nothing took goes back; one a commit freed is deferred, not free twice.
+        space.release_provisional(ahead[1], 5000);
+        assert_eq!(space.free_bytes(), 63 * 4096);
+        let again = space.allocate_provisional(&[4096]).unwrap();
+        space.defer(&[(again[0], 4096)]);
+        assert_eq!(
+            space.persisted_free(&[], &none).unwrap(),
+            map,
+            "deferred once, not also provisional"
+        );
+    }
+
+    #[test]
     fn data_stops_at_reserve_metadata_does_not() {
         let space = Space::new(0, 256 * 4096);
         let reserve = space.reserve_bytes();
