@@ -1380,12 +1380,12 @@ impl Volume {
             }
         };
         match self.write_commit(&frozen, &old_root, superblock) {
-            Ok((new_root, freed, sb)) => {
+            Ok((new_root, freed, sb, ahead)) => {
                 let tid = sb.committed_tid;
                 {
                     let mut st = self.state.lock();
                     self.retire(&old_root, freed);
-                    self.space.settle(frozen.direct_extents().map(|e| e.offset));
+                    self.space.settle(ahead.iter().map(|e| e.offset));
                     st.root = Arc::new(RootRef {
                         root: new_root,
                         tid,
@@ -1398,7 +1398,7 @@ impl Volume {
                 }
                 // Before the old root goes: the extents the group replaced are still
                 // held for its readers, so no new extent is in their place yet.
-                self.forget_direct(&frozen);
+                self.forget_direct(&ahead, &frozen.dead);
                 drop(old_root);
                 {
                     // The previous epoch's batches are dead: the ring may reuse their space.
@@ -1441,6 +1441,8 @@ impl Volume {
         };
         let mut mutations: Vec<Mutation> = Vec::with_capacity(frozen.map.len() * 2 + 1);
         let mut data: Vec<(usize, Stored)> = Vec::new();
+        // Extents written ahead that this commit links, then those the group replaced.
+        let mut ahead: Vec<ExtentRef> = Vec::new();
         for (lk, pending) in &frozen.map {
             if pending.replaces != 0 {
                 let old = Key::new(*lk, pending.replaces);
@@ -1454,6 +1456,7 @@ impl Volume {
                 None => continue,
                 Some(Value::Extent(extent)) => {
                     // Written ahead of the commit: linked as it is.
+                    ahead.push(*extent);
                     mutations.push(Mutation::Insert(Element {
                         key: Key::new(*lk, tid),
                         delete_tid: 0,
@@ -1517,7 +1520,8 @@ impl Volume {
         // extent, until it lets go of the root it read under).
         ctx.freed
             .extend(frozen.dead.iter().map(|e| (e.offset, e.allocated_bytes())));
-        let committing = frozen.direct_extents().map(|e| e.offset).collect();
+        ahead.extend_from_slice(&frozen.dead);
+        let committing = ahead.iter().map(|e| e.offset).collect();
         let sb = self.publish(
             &mut ctx.freed,
             &previous,
@@ -1534,7 +1538,7 @@ impl Volume {
                 ..sb
             },
         )?;
-        Ok((new_root, ctx.freed, sb))
+        Ok((new_root, ctx.freed, sb, ahead))
     }
 
     /// Makes a written tree durable: the space map as of after this commit, a flush, then
@@ -1570,12 +1574,12 @@ impl Volume {
 
     /// Lets the host drop the pages of the extents a durable commit linked (or freed) that
     /// were written ahead of it: they are on the device, and reads bypass the host's cache.
-    fn forget_direct(&self, frozen: &Overlay) {
-        for extent in &frozen.dead {
+    fn forget_direct(&self, ahead: &[ExtentRef], dead: &[ExtentRef]) {
+        for extent in dead {
             self.cache.remove_extent(extent);
         }
-        let mut ranges: Vec<(u64, u64)> = frozen
-            .direct_extents()
+        let mut ranges: Vec<(u64, u64)> = ahead
+            .iter()
             .map(|e| (e.offset, e.allocated_bytes()))
             .collect();
         ranges.sort_unstable();
@@ -2392,8 +2396,9 @@ impl Stored {
     }
 }
 
-/// What a written commit produced: the new root, the ranges it freed, its superblock.
-type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock);
+/// What a written commit produced: the new root, the ranges it freed, its superblock, and
+/// the extents written ahead of it that it linked or freed.
+type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock, Vec<ExtentRef>);
 
 /// A log entry the engine could have written: known record type, value within its limits.
 fn log_entry_is_valid(entry: &LogEntry) -> bool {

@@ -122,31 +122,24 @@ impl Overlay {
     }
 
     fn replace(&mut self, lk: LogicalKey, mut pending: Pending) {
-        if let Some(old) = self.map.get(&lk) {
-            pending.rewrites = old.rewrites.saturating_add(1);
-        }
-        let new_bytes = pending.value.as_ref().map_or(0, Value::memory_bytes) + 64;
+        self.pending_bytes += pending.value.as_ref().map_or(0, Value::memory_bytes) + 64;
         if let Some(Value::Extent(extent)) = &pending.value {
             self.direct_bytes += extent.allocated_bytes();
         }
-        if let Some(old) = self.map.insert(lk, pending) {
-            self.pending_bytes -= old.value.as_ref().map_or(0, Value::memory_bytes) + 64;
-            if let Some(Value::Extent(extent)) = old.value {
-                self.direct_bytes -= extent.allocated_bytes();
-                self.dead.push(extent);
+        let old = match self.map.entry(lk) {
+            Entry::Vacant(slot) => {
+                slot.insert(pending);
+                return;
             }
+            Entry::Occupied(mut slot) => {
+                pending.rewrites = slot.get().rewrites.saturating_add(1);
+                slot.insert(pending)
+            }
+        };
+        self.pending_bytes -= old.value.as_ref().map_or(0, Value::memory_bytes) + 64;
+        if let Some(Value::Extent(extent)) = old.value {
+            self.direct_bytes -= extent.allocated_bytes();
+            self.dead.push(extent);
         }
-        self.pending_bytes += new_bytes;
-    }
-
-    /// Extents written before the commit that this group links into the tree or frees.
-    pub fn direct_extents(&self) -> impl Iterator<Item = &ExtentRef> {
-        self.map
-            .values()
-            .filter_map(|p| match &p.value {
-                Some(Value::Extent(extent)) => Some(extent),
-                _ => None,
-            })
-            .chain(self.dead.iter())
     }
 }
