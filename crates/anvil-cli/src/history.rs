@@ -3,8 +3,8 @@
 
 use crate::mount::{get_xattr, set_xattr};
 use anvil_fuse::{
-    CLEANUP_XATTR, COMPRESSION_XATTR, HISTORY_XATTR, NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR,
-    REBLOCK_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
+    CLEANUP_XATTR, COMPRESSION_XATTR, EVICT_XATTR, HISTORY_XATTR, NOHISTORY_XATTR, POLICY_XATTR,
+    PRUNE_XATTR, REBLOCK_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -434,6 +434,34 @@ pub fn compression(path: &Path, setting: Option<&str>) -> Result<u8, String> {
     }
     let codec = get_xattr(path, COMPRESSION_XATTR)?;
     println!("{}: compression {codec}", path.display());
+    Ok(0)
+}
+
+pub fn evict(path: &Path, setting: Option<&str>) -> Result<u8, String> {
+    if let Some(setting) = setting {
+        let value: &[u8] = match setting {
+            "on" => b"1",
+            "off" => b"0",
+            _ => return Err(format!("expected on or off, not {setting:?}")),
+        };
+        if !path.is_dir() {
+            return Err(format!(
+                "{}: not a directory (only a directory can be a cache)",
+                path.display()
+            ));
+        }
+        set_xattr(path, EVICT_XATTR, value).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let on = get_xattr(path, EVICT_XATTR)? == "1";
+    println!(
+        "{}: {}",
+        path.display(),
+        if on {
+            "a cache (least recently used files deleted when space runs low; no history)"
+        } else {
+            "not a cache"
+        }
+    );
     Ok(0)
 }
 

@@ -215,6 +215,14 @@ enum Command {
         /// "on" (keep no history) or "off" (keep history).
         setting: Option<String>,
     },
+    /// Show or set whether a directory is a cache: when space runs low, the least recently
+    /// used clusters of files created in it are deleted instead of writes failing with
+    /// ENOSPC. A cache keeps no history; subdirectories created in it are caches too.
+    Evict {
+        dir: PathBuf,
+        /// "on" (a cache) or "off" (an ordinary directory; history stays off).
+        setting: Option<String>,
+    },
     /// Show or set the codec for new data of a file or directory (new children inherit it):
     /// none, lz4, zstd, or default (the volume's, set at mkfs). Written data keeps its codec.
     Compression {
@@ -419,6 +427,7 @@ fn run(cli: Cli) -> Result<u8, String> {
         Command::Reblock { dir, seconds } => history::reblock(&dir, seconds),
         Command::Cleanup { dir, config } => history::cleanup(&dir, config.as_deref()),
         Command::Nohistory { path, setting } => history::nohistory(&path, setting.as_deref()),
+        Command::Evict { dir, setting } => history::evict(&dir, setting.as_deref()),
         Command::Compression { path, setting } => history::compression(&path, setting.as_deref()),
         Command::Policy { dir, policy } => history::policy(&dir, policy.as_deref()),
         Command::Cat { image, path, at } => cat(&image, &path, at.as_deref()),

@@ -3,7 +3,7 @@
 //! can be read, written, or both; the adapter then matches on the enum, never on strings.
 
 use crate::{
-    CLEANUP_XATTR, COMPRESSION_XATTR, DROPCACHE_XATTR, HISTORY_XATTR, INFO_XATTR,
+    CLEANUP_XATTR, COMPRESSION_XATTR, DROPCACHE_XATTR, EVICT_XATTR, HISTORY_XATTR, INFO_XATTR,
     MIRROR_ATTACH_XATTR, MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR,
     NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, REQUESTS_XATTR, SNAPRM_XATTR,
     SNAPSHOTS_XATTR, SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
@@ -23,6 +23,7 @@ pub enum Control {
     Reblock,
     Cleanup,
     NoHistory,
+    Evict,
     Compression,
     History,
     Requests,
@@ -34,7 +35,7 @@ pub enum Control {
 }
 
 impl Control {
-    pub const ALL: [Control; 20] = [
+    pub const ALL: [Control; 21] = [
         Control::Info,
         Control::Sync,
         Control::DropCache,
@@ -47,6 +48,7 @@ impl Control {
         Control::Reblock,
         Control::Cleanup,
         Control::NoHistory,
+        Control::Evict,
         Control::Compression,
         Control::History,
         Control::Requests,
@@ -71,6 +73,7 @@ impl Control {
             Control::Reblock => REBLOCK_XATTR,
             Control::Cleanup => CLEANUP_XATTR,
             Control::NoHistory => NOHISTORY_XATTR,
+            Control::Evict => EVICT_XATTR,
             Control::Compression => COMPRESSION_XATTR,
             Control::History => HISTORY_XATTR,
             Control::Requests => REQUESTS_XATTR,
@@ -95,7 +98,7 @@ impl Control {
     pub fn per_object(self) -> bool {
         matches!(
             self,
-            Control::NoHistory | Control::Compression | Control::History
+            Control::NoHistory | Control::Evict | Control::Compression | Control::History
         )
     }
 

@@ -80,6 +80,9 @@ pub const REBLOCK_XATTR: &str = "trusted.anvil.reblock";
 pub const CLEANUP_XATTR: &str = "trusted.anvil.cleanup";
 /// "1" or "0" on any object: history off or on for it (new children inherit it).
 pub const NOHISTORY_XATTR: &str = "trusted.anvil.nohistory";
+/// "1" or "0" on a directory: a cache (files created in it are deleted, least recently
+/// used cluster first, when space runs low; history off) or an ordinary directory.
+pub const EVICT_XATTR: &str = "trusted.anvil.evict";
 /// "none", "lz4", "zstd" or "default" on any object: the codec for its new data (new
 /// children inherit it; "default" follows the volume default).
 pub const COMPRESSION_XATTR: &str = "trusted.anvil.compression";
@@ -140,9 +143,16 @@ impl Notifier {
     }
 
     fn inval_entry(&self, parent: u64, name: &str) {
+        self.inval_entry_bytes(parent, name.as_bytes());
+    }
+
+    fn inval_entry_bytes(&self, parent: u64, name: &[u8]) {
+        use std::os::unix::ffi::OsStrExt;
         let _ = match self {
-            Notifier::Classic(n) => n.inval_entry(fuser::INodeNo(parent), name.as_ref()),
-            Notifier::Uring(n) => n.inval_entry(parent, name.as_bytes()),
+            Notifier::Classic(n) => {
+                n.inval_entry(fuser::INodeNo(parent), std::ffi::OsStr::from_bytes(name))
+            }
+            Notifier::Uring(n) => n.inval_entry(parent, name),
         };
     }
 }
@@ -238,6 +248,27 @@ impl AnvilFuse {
     /// `writeback`: let the kernel cache writes (fewer, larger writes reach us; the kernel
     /// then owns mtime and pushes it with SETATTR).
     pub fn new(fs: Arc<Filesystem>, ttl: Duration, writeback: bool) -> AnvilFuse {
+        let notifier: Arc<std::sync::OnceLock<Notifier>> = Arc::new(std::sync::OnceLock::new());
+        // Files a cache directory evicted: the kernel forgets their names, then the objects
+        // (pinned while it knows them, they are orphans until its FORGET). From a thread of
+        // its own: the request that evicted may hold the directory's lock (a CREATE), which
+        // the invalidation takes.
+        let evicted = notifier.clone();
+        fs.on_evict(Box::new(move |names: Vec<(u64, Vec<u8>)>| {
+            let notifier = evicted.clone();
+            let spawned = std::thread::Builder::new()
+                .name("anvil-evict".into())
+                .spawn(move || {
+                    if let Some(notifier) = notifier.get() {
+                        for (dir, name) in names {
+                            notifier.inval_entry_bytes(dir, &name);
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                log::warn!("evicted names stay in the kernel's cache until they expire: {e}");
+            }
+        }));
         AnvilFuse {
             fs,
             ttl,
@@ -246,7 +277,7 @@ impl AnvilFuse {
             views: Views::default(),
             last_prune: Mutex::new(None),
             last_reblock: Mutex::new(None),
-            notifier: Arc::new(std::sync::OnceLock::new()),
+            notifier,
             mirror_jobs: Arc::default(),
             counters: Counters::default(),
             resumed: false,
@@ -354,6 +385,14 @@ impl AnvilFuse {
                 };
                 self.fs.set_nohistory(ino, on)
             }
+            Control::Evict => {
+                let on = match value {
+                    b"1" => true,
+                    b"0" => false,
+                    _ => return Err(libc::EINVAL),
+                };
+                self.fs.set_evictable(ino, on)
+            }
             Control::Compression => {
                 let codec = match text.trim() {
                     "default" => None,
@@ -455,6 +494,11 @@ impl AnvilFuse {
             Control::NoHistory => {
                 let attr = self.fs.getattr(ino).map_err(|e| errno(&e))?;
                 let on = attr.flags & anvil::format::record::inode_flags::NOHISTORY != 0;
+                (if on { "1" } else { "0" }).to_string()
+            }
+            Control::Evict => {
+                let attr = self.fs.getattr(ino).map_err(|e| errno(&e))?;
+                let on = attr.flags & anvil::format::record::inode_flags::EVICTABLE != 0;
                 (if on { "1" } else { "0" }).to_string()
             }
             Control::Reblock => match &*self.last_reblock.lock() {

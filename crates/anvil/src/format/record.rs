@@ -312,12 +312,16 @@ impl Timestamp {
 pub mod inode_flags {
     /// Overwrites and deletes of this object destroy the old version (no history).
     pub const NOHISTORY: u32 = 1;
+    /// A cache: when space runs low, the least recently used clusters of files created in
+    /// this directory are deleted instead of writes failing (see `fs/evict.rs`). Set on
+    /// directories with `NOHISTORY`; new children inherit both.
+    pub const EVICTABLE: u32 = 2;
     /// Bits 8-11: the codec for this object's new data plus one (see `compression`); 0 means
     /// the volume default. New children inherit it.
     pub const CODEC_SHIFT: u32 = 8;
     pub const CODEC_MASK: u32 = 0xf << CODEC_SHIFT;
     /// What a new object takes from the directory it is created in.
-    pub const INHERITED: u32 = NOHISTORY | CODEC_MASK;
+    pub const INHERITED: u32 = NOHISTORY | EVICTABLE | CODEC_MASK;
 }
 
 /// The attributes of an object (record INODE, key 0).

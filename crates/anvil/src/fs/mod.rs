@@ -6,6 +6,7 @@
 
 mod asof;
 mod chunk;
+mod evict;
 mod history;
 mod mirror;
 mod prefetch;
@@ -34,6 +35,7 @@ use crate::volume::{Tx, Value, Volume, VolumeOptions};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,7 +52,17 @@ pub struct Filesystem {
     /// One prune at a time (its removals must be committed before the next scan).
     prune_lock: Mutex<()>,
     prefetch: prefetch::Prefetcher,
+    /// Files of evictable (cache) directories, tracked once one is seen (`evict.rs`).
+    evicting: std::sync::atomic::AtomicBool,
+    evictable: Mutex<evict::Tracker>,
+    /// One eviction at a time.
+    evict_lock: Mutex<()>,
+    /// Told the names each eviction removed (the FUSE mount invalidates the kernel's).
+    evict_listener: Mutex<Option<EvictListener>>,
 }
+
+/// Called with the (directory, name) pairs an eviction removed.
+pub type EvictListener = Box<dyn Fn(Vec<(u64, Vec<u8>)>) + Send + Sync>;
 
 fn fail<T>(errno: i32) -> Step<T> {
     Err(Stop::Fail(Error::Posix(errno)))
@@ -512,6 +524,10 @@ impl Filesystem {
             committer: Mutex::new(None),
             open_handles: Mutex::new(HashMap::new()),
             prune_lock: Mutex::new(()),
+            evicting: std::sync::atomic::AtomicBool::new(false),
+            evictable: Mutex::new(evict::Tracker::default()),
+            evict_lock: Mutex::new(()),
+            evict_listener: Mutex::new(None),
         };
         // A slave's orphans are its master's: they go when the master reaps them.
         let slave = fs.volume.load_mirror_state()?.is_some();
@@ -651,7 +667,7 @@ impl Filesystem {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.volume.run(false, |tx| {
+        let attr = self.volume.run(false, |tx| {
             dir_inode(tx, parent)?;
             match find_entry(tx, parent, name)? {
                 Some((_, entry)) => {
@@ -659,7 +675,9 @@ impl Filesystem {
                 }
                 None => fail(libc::ENOENT),
             }
-        })
+        })?;
+        self.note_evictable(&attr, parent, name);
+        Ok(attr)
     }
 
     /// Creates any kind of object except directories and symlinks (mknod(2), creat(2)).
@@ -706,8 +724,8 @@ impl Filesystem {
         rdev: u64,
         target: Option<&[u8]>,
     ) -> Result<Attr> {
-        self.volume.check_space(4096)?;
-        self.volume.run(true, |tx| {
+        self.ensure_space(4096)?;
+        let attr = self.volume.run(true, |tx| {
             check_name(name)?;
             let parent_inode = dir_inode(tx, parent)?;
             if parent_inode.nlink == 0 {
@@ -760,7 +778,9 @@ impl Filesystem {
             put(tx, dirent_key(parent, slot), Some(Arc::new(entry.encode())))?;
             touch_dir(tx, parent, 1, if is_dir { 1 } else { 0 }, now)?;
             Ok(Attr::from_inode(obj, &inode))
-        })
+        })?;
+        self.note_evictable(&attr, parent, name);
+        Ok(attr)
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
@@ -815,7 +835,7 @@ impl Filesystem {
         if name == b".." {
             return posix(libc::ENOTEMPTY);
         }
-        self.volume.run(true, |tx| {
+        let child = self.volume.run(true, |tx| {
             dir_inode(tx, parent)?;
             let Some((slot, entry)) = find_entry(tx, parent, name)? else {
                 return fail(libc::ENOENT);
@@ -833,8 +853,13 @@ impl Filesystem {
             let now = Timestamp::now();
             put(tx, dirent_key(parent, slot), None)?;
             touch_dir(tx, parent, -1, if is_dir { -1 } else { 0 }, now)?;
-            drop_link(tx, entry.child, self.is_open(entry.child), now)
-        })
+            drop_link(tx, entry.child, self.is_open(entry.child), now)?;
+            Ok(entry.child)
+        })?;
+        if self.evicting.load(Ordering::Relaxed) {
+            self.evictable.lock().forget_name(parent, name, child);
+        }
+        Ok(())
     }
 
     pub fn rename(
@@ -848,7 +873,7 @@ impl Filesystem {
         if flags.noreplace && flags.exchange {
             return posix(libc::EINVAL);
         }
-        self.volume.run(true, |tx| {
+        let (child, replaced, new_parent_flags) = self.volume.run(true, |tx| {
             if name == b"." || name == b".." {
                 return fail(libc::EINVAL);
             }
@@ -878,15 +903,32 @@ impl Filesystem {
                 new_name,
                 now: Timestamp::now(),
             };
+            let child = moving.entry.child;
+            let replaced = target.as_ref().map(|(_, t)| t.child);
             if flags.exchange {
                 let Some((target_slot, target_entry)) = target else {
                     return fail(libc::ENOENT);
                 };
-                return exchange_entries(tx, &moving, name, target_slot, target_entry);
+                exchange_entries(tx, &moving, name, target_slot, target_entry)?;
+            } else {
+                let target_open = target.as_ref().is_some_and(|(_, t)| self.is_open(t.child));
+                move_entry(tx, &moving, target, flags.noreplace, target_open)?;
             }
-            let target_open = target.as_ref().is_some_and(|(_, t)| self.is_open(t.child));
-            move_entry(tx, &moving, target, flags.noreplace, target_open)
-        })
+            Ok((child, replaced, new_parent_inode.flags))
+        })?;
+        if self.evicting.load(Ordering::Relaxed) {
+            let mut tracker = self.evictable.lock();
+            // Moved out of a cache directory: no longer the cache's to drop. An exchanged
+            // target moved the other way: it is tracked again when next looked up.
+            tracker.forget(child);
+            if let Some(replaced) = replaced {
+                tracker.forget(replaced);
+            }
+            if new_parent_flags & inode_flags::EVICTABLE != 0 && !flags.exchange {
+                tracker.note(child, new_parent, new_name, None);
+            }
+        }
+        Ok(())
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -951,6 +993,9 @@ impl Filesystem {
 
     /// Reads up to `size` bytes at `offset`. Holes read as zeros.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        if self.evicting.load(Ordering::Relaxed) {
+            self.evictable.lock().touch(ino);
+        }
         self.prefetch.wait_for(ino, offset, u64::from(size));
         let (file_size, chunks, patches, root) = self.volume.run(false, |tx| {
             let inode = load_inode(tx, ino)?;
@@ -1069,7 +1114,10 @@ impl Filesystem {
             return posix(libc::EFBIG);
         };
         self.volume.throttle();
-        self.volume.check_space(data.len() as u64)?;
+        self.ensure_space(data.len() as u64)?;
+        if self.evicting.load(Ordering::Relaxed) {
+            self.evictable.lock().touch(ino);
+        }
         // The chunks this write covers whole go to the device now, before the volume's lock
         // is taken (`Volume::write_direct`): written once, to their place, and only their
         // addresses logged. (They were copied into memory, copied again into the redo log
@@ -1300,6 +1348,28 @@ impl Filesystem {
             inode.ctime = Timestamp::now();
             store_inode(tx, ino, &inode)
         })
+    }
+
+    /// Makes a directory a cache (or an ordinary directory again): files created in it
+    /// afterwards, and directories with theirs, are deleted least recently used cluster
+    /// first when space runs low, instead of writes failing with ENOSPC. Such a directory
+    /// keeps no history (turning eviction off leaves history off; `set_nohistory` turns
+    /// it back on). Files already in the directory keep their own setting.
+    pub fn set_evictable(&self, ino: u64, evictable: bool) -> Result<()> {
+        self.volume.run(true, |tx| {
+            let mut inode = dir_inode(tx, ino)?;
+            if evictable {
+                inode.flags |= inode_flags::EVICTABLE | inode_flags::NOHISTORY;
+            } else {
+                inode.flags &= !inode_flags::EVICTABLE;
+            }
+            inode.ctime = Timestamp::now();
+            store_inode(tx, ino, &inode)
+        })?;
+        if evictable {
+            self.start_evicting();
+        }
+        Ok(())
     }
 
     /// Chooses the codec for new data of one object (None: the volume default); new children

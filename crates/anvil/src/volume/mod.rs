@@ -44,6 +44,7 @@ use crate::format::{
 use crate::space::{Purpose, Space};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -324,6 +325,10 @@ pub struct Volume {
     /// Locality hints for the next commit: an object's data goes right after the data of
     /// the object named here (`set_locality`).
     locality: Mutex<HashMap<u64, u64>>,
+    /// Whether commits report their clusters (`track_clusters`), and those reported since
+    /// the last `take_clusters`: the objects whose data each cluster run holds.
+    clusters_wanted: AtomicBool,
+    clusters: Mutex<Vec<Vec<u64>>>,
     /// A mirror slave takes changes only from `mirror_write` (and prune's removals, which
     /// commit without a TID of their own).
     slave: AtomicBool,
@@ -332,6 +337,10 @@ pub struct Volume {
 /// Locality hints kept at most; past this, older ones are dropped (a hint only steers
 /// placement, so losing one costs locality, never data).
 const LOCALITY_HINTS_MAX: usize = 1 << 16;
+
+/// Clusters kept for `take_clusters` at most; past this, the oldest are dropped (they
+/// only group files for eviction).
+const CLUSTERS_KEPT_MAX: usize = 1 << 16;
 
 /// Where the redo log is read from in recovery.
 #[derive(Clone, Copy)]
@@ -595,6 +604,8 @@ impl Volume {
             log_flushed: AtomicU64::new(0),
             shadow,
             locality: Mutex::new(HashMap::new()),
+            clusters_wanted: AtomicBool::new(false),
+            clusters: Mutex::new(Vec::new()),
             slave: AtomicBool::new(false),
         });
         if let (Some(shadow), false) = (&volume.shadow, volume.is_read_only()) {
@@ -1259,20 +1270,30 @@ impl Volume {
 
     /// Bytes of new data the active group may still hold before writes get ENOSPC.
     pub fn check_space(&self, new_bytes: u64) -> Result<()> {
+        if new_bytes > self.space_left() {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// Bytes ordinary writes may still take: free space less the reserve and what pending
+    /// changes will need when they are committed.
+    pub fn space_left(&self) -> u64 {
         let pending = {
             let st = self.state.lock();
             st.active.pending_bytes + self.frozen_unallocated.load(Ordering::Acquire)
         };
         // Pending bytes also bound the node space a commit needs (~64 bytes per change,
         // counted in `pending_bytes`, copied up the tree).
-        let free = self
-            .space
+        self.space
             .free_bytes()
-            .saturating_sub(self.space.reserve_bytes());
-        if pending + new_bytes > free {
-            return Err(Error::NoSpace);
-        }
-        Ok(())
+            .saturating_sub(self.space.reserve_bytes())
+            .saturating_sub(pending)
+    }
+
+    /// Bytes of the volume's data area (where nodes and extents live).
+    pub fn data_area_bytes(&self) -> u64 {
+        self.space.data_bytes()
     }
 
     pub fn wake_committer(&self) {
@@ -1659,7 +1680,10 @@ impl Volume {
             .iter()
             .map(|(_, stored)| (stored.bytes().len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
             .collect();
-        let offsets = self.place_clustered(&sizes)?;
+        let (offsets, runs) = self.place_clustered(&sizes)?;
+        if self.clusters_wanted.load(Ordering::Relaxed) {
+            self.report_clusters(mutations, &data, &runs);
+        }
         for ((index, stored), offset) in data.iter().zip(offsets) {
             let bytes = stored.bytes();
             let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
@@ -1839,6 +1863,40 @@ impl Volume {
         }
     }
 
+    /// Asks commits to report which objects' data they write into one cluster
+    /// (`take_clusters`); eviction of cache directories drops such files together.
+    pub fn track_clusters(&self) {
+        self.clusters_wanted.store(true, Ordering::Relaxed);
+    }
+
+    /// The clusters commits wrote since the last call: the objects of each.
+    pub fn take_clusters(&self) -> Vec<Vec<u64>> {
+        std::mem::take(&mut *self.clusters.lock())
+    }
+
+    fn report_clusters(
+        &self,
+        mutations: &[Mutation],
+        data: &[(usize, Stored)],
+        runs: &[Range<usize>],
+    ) {
+        let mut reported = self.clusters.lock();
+        for run in runs {
+            let mut objects: Vec<u64> = data[run.clone()]
+                .iter()
+                .map(|(index, _)| mutations[*index].key().obj)
+                .collect();
+            objects.dedup();
+            if objects.len() > 1 {
+                reported.push(objects);
+            }
+        }
+        if reported.len() > CLUSTERS_KEPT_MAX {
+            let excess = reported.len() - CLUSTERS_KEPT_MAX;
+            reported.drain(..excess);
+        }
+    }
+
     /// Orders the extents a commit writes by (locality group, key): without hints, key
     /// order (objects in creation order, each object's chunks in file order); a hinted
     /// object's data follows its group's first object.
@@ -1874,8 +1932,10 @@ impl Volume {
     /// small ones that follow each other go into one free range per cluster window, so
     /// that files written together lie together even where free space is fragmented (a
     /// next-fit allocator would otherwise scatter them over the holes after the cursor).
-    fn place_clustered(&self, sizes: &[u64]) -> Result<Vec<u64>> {
+    /// Returns the offsets and the clusters (ranges of `sizes`, two or more extents each).
+    fn place_clustered(&self, sizes: &[u64]) -> Result<(Vec<u64>, Vec<Range<usize>>)> {
         let mut offsets = Vec::with_capacity(sizes.len());
+        let mut runs = Vec::new();
         let mut start = 0;
         while start < sizes.len() {
             let mut end = start + 1;
@@ -1893,7 +1953,12 @@ impl Volume {
                 .space
                 .allocate_run(&sizes[start..end], Purpose::Metadata)
             {
-                Ok(run) => offsets.extend(run),
+                Ok(run) => {
+                    offsets.extend(run);
+                    if end > start + 1 {
+                        runs.push(start..end);
+                    }
+                }
                 // No free range holds the whole cluster: its members go where they fit.
                 Err(Error::NoSpace) if end > start + 1 => {
                     for &size in &sizes[start..end] {
@@ -1904,7 +1969,7 @@ impl Volume {
             }
             start = end;
         }
-        Ok(offsets)
+        Ok((offsets, runs))
     }
 
     /// Makes every change made so far survive a crash of this process: appends the changes
