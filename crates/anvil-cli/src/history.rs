@@ -437,13 +437,18 @@ pub fn compression(path: &Path, setting: Option<&str>) -> Result<u8, String> {
     Ok(0)
 }
 
+/// The control attribute value of an "on" or "off" argument.
+fn on_off(setting: &str) -> Result<&'static [u8], String> {
+    match setting {
+        "on" => Ok(b"1"),
+        "off" => Ok(b"0"),
+        _ => Err(format!("expected on or off, not {setting:?}")),
+    }
+}
+
 pub fn evict(path: &Path, setting: Option<&str>) -> Result<u8, String> {
     if let Some(setting) = setting {
-        let value: &[u8] = match setting {
-            "on" => b"1",
-            "off" => b"0",
-            _ => return Err(format!("expected on or off, not {setting:?}")),
-        };
+        let value = on_off(setting)?;
         if !path.is_dir() {
             return Err(format!(
                 "{}: not a directory (only a directory can be a cache)",
@@ -467,11 +472,7 @@ pub fn evict(path: &Path, setting: Option<&str>) -> Result<u8, String> {
 
 pub fn nohistory(path: &Path, setting: Option<&str>) -> Result<u8, String> {
     if let Some(setting) = setting {
-        let value: &[u8] = match setting {
-            "on" => b"1",
-            "off" => b"0",
-            _ => return Err(format!("expected on or off, not {setting:?}")),
-        };
+        let value = on_off(setting)?;
         set_xattr(path, NOHISTORY_XATTR, value).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let on = get_xattr(path, NOHISTORY_XATTR)? == "1";

@@ -377,22 +377,8 @@ impl AnvilFuse {
                     self.invalidate_views(Vec::new(), true);
                 })
             }
-            Control::NoHistory => {
-                let on = match value {
-                    b"1" => true,
-                    b"0" => false,
-                    _ => return Err(libc::EINVAL),
-                };
-                self.fs.set_nohistory(ino, on)
-            }
-            Control::Evict => {
-                let on = match value {
-                    b"1" => true,
-                    b"0" => false,
-                    _ => return Err(libc::EINVAL),
-                };
-                self.fs.set_evictable(ino, on)
-            }
+            Control::NoHistory => self.fs.set_nohistory(ino, on_off(value)?),
+            Control::Evict => self.fs.set_evictable(ino, on_off(value)?),
             Control::Compression => {
                 let codec = match text.trim() {
                     "default" => None,
@@ -954,6 +940,15 @@ fn unescape_mountinfo(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A switch's value: "1" on, "0" off.
+fn on_off(value: &[u8]) -> Result<bool, Errno> {
+    match value {
+        b"1" => Ok(true),
+        b"0" => Ok(false),
+        _ => Err(libc::EINVAL),
+    }
 }
 
 fn is_dot(name: &[u8]) -> bool {
