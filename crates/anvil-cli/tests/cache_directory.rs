@@ -37,7 +37,11 @@ fn a_cache_directory_through_the_mount() {
         String::from_utf8_lossy(&out.stderr)
     );
     let out = run(&["evict", cache.to_str().unwrap()]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("a cache"));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains(": a cache"), "{shown}");
+    let out = run(&["evict", root.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains(": not a cache"), "{shown}");
     let out = run(&["nohistory", cache.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("history off"));
 

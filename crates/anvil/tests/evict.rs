@@ -170,3 +170,52 @@ fn after_a_reopen_the_cache_is_found_by_walking_the_tree() {
     assert_eq!(fs.read_file("/keep/data").unwrap(), kept);
     assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
 }
+
+#[test]
+fn what_is_not_the_caches_to_drop_stays() {
+    let (_device, fs, _) = volume();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(4);
+    let mut kept: Vec<(&str, Vec<u8>)> = Vec::new();
+    // Moved out of the cache.
+    let moved = random_bytes(&mut rng, 1 << 20);
+    fs.write_file("/cache/moved", &moved).unwrap();
+    fs.rename_path("/cache/moved", "/keep/moved").unwrap();
+    kept.push(("/keep/moved", moved));
+    // With a second name outside the cache.
+    let linked = random_bytes(&mut rng, 1 << 20);
+    let ino = fs.write_file("/cache/linked", &linked).unwrap();
+    let keep = fs.resolve("/keep").unwrap();
+    fs.link(ino, keep, b"linked").unwrap();
+    kept.push(("/cache/linked", linked));
+    // Created after history was turned back on below the cache: deleting it would free
+    // nothing.
+    let with_history = fs.mkdir_path("/cache/history").unwrap();
+    fs.set_nohistory(with_history, false).unwrap();
+    let historic = random_bytes(&mut rng, 1 << 20);
+    fs.write_file("/cache/history/file", &historic).unwrap();
+    kept.push(("/cache/history/file", historic));
+    // Renamed inside the cache: still the cache's (and its oldest file).
+    fs.write_file("/cache/old", &random_bytes(&mut rng, 1 << 20))
+        .unwrap();
+    fs.rename_path("/cache/old", "/cache/renamed").unwrap();
+    fs.sync().unwrap();
+    for i in 0..40 {
+        fs.write_file(&format!("/cache/f{i}"), &random_bytes(&mut rng, 1 << 20))
+            .unwrap();
+    }
+    // A file written in 64 KiB pieces through a full cache: its own writes never evict it.
+    let stream = random_bytes(&mut rng, 24 << 20);
+    let ino = fs.write_file("/cache/stream", b"").unwrap();
+    for (i, piece) in stream.chunks(64 << 10).enumerate() {
+        fs.write(ino, (i * (64 << 10)) as u64, piece)
+            .unwrap_or_else(|e| panic!("piece {i}: {e:?}"));
+    }
+    fs.sync().unwrap();
+    assert_eq!(fs.read_file("/cache/stream").unwrap(), stream);
+    assert!(!exists(&fs, "/cache/renamed"), "the renamed file stayed");
+    assert!(!exists(&fs, "/cache/f0"), "nothing was evicted");
+    for (path, bytes) in &kept {
+        assert_eq!(&fs.read_file(path).unwrap(), bytes, "{path}");
+    }
+    assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
+}

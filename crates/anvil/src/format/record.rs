@@ -316,6 +316,9 @@ pub mod inode_flags {
     /// this directory are deleted instead of writes failing (see `fs/evict.rs`). Set on
     /// directories with `NOHISTORY`; new children inherit both.
     pub const EVICTABLE: u32 = 2;
+    /// On the root directory only: the volume has (or had) a cache directory, so a mount
+    /// tracks cache files from the start. Not inherited.
+    pub const CACHES: u32 = 4;
     /// Bits 8-11: the codec for this object's new data plus one (see `compression`); 0 means
     /// the volume default. New children inherit it.
     pub const CODEC_SHIFT: u32 = 8;

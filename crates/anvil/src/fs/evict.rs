@@ -20,15 +20,23 @@ use super::{
     Filesystem,
 };
 use crate::error::{Error, Result};
-use crate::format::record::{inode_flags, kind, Timestamp, ROOT_OBJ};
+use crate::format::record::{inode_flags, kind, rtype, Timestamp, ROOT_OBJ};
+use crate::volume::Value;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Eviction starts when the space left for writes falls under this share of the data area
 /// (1/LOW_MARK) and stops when it is back over 1/HIGH_MARK: Hummingbird's watermarks.
 const LOW_MARK: u64 = 20;
 const HIGH_MARK: u64 = 10;
+
+/// How long space that evicted files held stays counted as coming back (the kernel forgets
+/// them as soon as their names are invalidated, unless a process keeps one open), and how
+/// long a write that needs it waits for it, in rounds.
+const RETURN_EXPECTED: std::time::Duration = std::time::Duration::from_secs(2);
+const RETURN_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+const RETURN_WAIT_ROUNDS: u32 = 50;
 
 impl Filesystem {
     /// Calls `listener` with the names each eviction removed, after its commit.
@@ -36,7 +44,8 @@ impl Filesystem {
         *self.evict_listener.lock() = Some(listener);
     }
 
-    /// Turns tracking on: a cache directory exists (or was just seen).
+    /// Turns tracking on: the volume has a cache directory (the root's `CACHES` mark says
+    /// so at mount, `set_evictable` when one is made).
     pub(crate) fn start_evicting(&self) {
         if !self.evicting.swap(true, Ordering::Relaxed) {
             self.volume.track_clusters();
@@ -52,41 +61,74 @@ impl Filesystem {
         self.evictable.lock().note(attr.ino, parent, name, None);
     }
 
-    /// Makes sure `new_bytes` can be written: evicts cache files when space runs low (under
-    /// the low mark, or not enough for this write), and fails with ENOSPC only when that
-    /// does not make room.
-    pub(crate) fn ensure_space(&self, new_bytes: u64) -> Result<()> {
+    /// A use of `ino` (a read or a write).
+    pub(crate) fn touch_evictable(&self, ino: u64) {
+        if self.evicting.load(Ordering::Relaxed) {
+            self.evictable.lock().touch(ino);
+        }
+    }
+
+    /// The last handle of `ino` closed (the kernel forgot it): if an eviction deleted it
+    /// while it was held, its space comes back with the next commit.
+    pub(crate) fn released_evictable(&self, ino: u64) {
+        if self.evicting.load(Ordering::Relaxed) && self.evictable.lock().returned(ino) {
+            self.volume.wake_committer();
+        }
+    }
+
+    /// Makes sure `new_bytes` can be written (for `writer`, 0 for a create): on a volume
+    /// with cache directories, evicts when space runs low (under the low mark, or not
+    /// enough for this write), and fails with ENOSPC only when that does not make room.
+    pub(crate) fn ensure_space(&self, writer: u64, new_bytes: u64) -> Result<()> {
+        if !self.evicting.load(Ordering::Relaxed) {
+            return self.volume.check_space(new_bytes);
+        }
         let left = self.volume.space_left();
-        let area = self.volume.data_area_bytes();
-        let low = area / LOW_MARK;
-        if left >= new_bytes && (left >= low || !self.evicting.load(Ordering::Relaxed)) {
+        let coming = self.evictable.lock().coming_bytes();
+        let low = self.volume.data_area_bytes() / LOW_MARK;
+        if left >= new_bytes && left + coming >= low {
             return Ok(());
         }
-        match self.evict(new_bytes) {
+        match self.evict(writer, new_bytes) {
             Ok(_) => {}
             // Room for this write is what matters; a failed eviction is reported by the
             // commit that follows, if it matters there.
             Err(e) if left >= new_bytes => log::warn!("eviction failed: {e}"),
             Err(e) => return Err(e),
         }
-        self.volume.check_space(new_bytes)
+        // Files the kernel held when they were evicted come back once it forgets them (at
+        // once: their names were invalidated) and a commit follows. A write that needs
+        // their space waits for that, briefly.
+        for round in 0..=RETURN_WAIT_ROUNDS {
+            match self.volume.check_space(new_bytes) {
+                Err(Error::NoSpace) => {}
+                other => return other,
+            }
+            let waiting = self.evictable.lock().coming_bytes() > 0;
+            if round == RETURN_WAIT_ROUNDS || (round > 0 && !waiting) {
+                break;
+            }
+            if waiting {
+                std::thread::sleep(RETURN_WAIT);
+            }
+            self.volume.commit()?;
+        }
+        Err(Error::NoSpace)
     }
 
-    /// Deletes cache files, least recently used cluster first, until the space left is back
-    /// over the high mark with `new_bytes` written (counting their sizes), and commits so
-    /// that their space returns. Returns the files deleted.
-    pub(crate) fn evict(&self, new_bytes: u64) -> Result<u64> {
+    /// Deletes cache files, least recently used cluster first (never `writer`'s), until the
+    /// space left is back over the high mark with `new_bytes` written (counting the space
+    /// their data holds, and what earlier evictions will return), and commits so that their
+    /// space returns. Returns the files deleted.
+    pub(crate) fn evict(&self, writer: u64, new_bytes: u64) -> Result<u64> {
         let _one = self.evict_lock.lock();
         // Counted under the lock: another writer may have made room while this one waited.
-        let left = self.volume.space_left();
+        let left = self.volume.space_left() + self.evictable.lock().coming_bytes();
         let wanted = (self.volume.data_area_bytes() / HIGH_MARK + new_bytes).saturating_sub(left);
         if wanted == 0 {
             return Ok(0);
         }
-        log::debug!(
-            "evicting: {left} bytes left for writes, {wanted} wanted, {} files tracked",
-            self.evictable.lock().files.len()
-        );
+        log::debug!("evicting: {left} bytes left for writes or coming back, {wanted} wanted");
         if !self.evictable.lock().scanned {
             self.scan_evictable()?;
         }
@@ -97,33 +139,53 @@ impl Filesystem {
         };
         let mut freed = 0u64;
         let mut removed: Vec<(u64, Vec<u8>)> = Vec::new();
-        for victim in victims {
+        let mut result = Ok(());
+        'victims: for victim in victims {
             if freed >= wanted {
                 break;
             }
+            if victim.files.iter().any(|f| f.0 == writer) {
+                continue;
+            }
             for (ino, parent, name) in victim.files {
-                if let Some(bytes) = self.evict_file(ino, parent, &name)? {
-                    freed += bytes;
-                    removed.push((parent, name));
+                let evicted = self.evict_file(ino, parent, &name);
+                let mut tracker = self.evictable.lock();
+                tracker.forget(ino);
+                match evicted {
+                    Ok(Some((bytes, held))) => {
+                        freed += bytes;
+                        removed.push((parent, name));
+                        if held {
+                            tracker.evicted_while_held(ino, bytes);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        result = Err(e);
+                        break 'victims;
+                    }
                 }
-                self.evictable.lock().forget(ino);
             }
         }
         let deleted = removed.len() as u64;
         if deleted > 0 {
-            self.volume.commit()?;
+            // Deleted in memory, whatever the commit does: the kernel must forget the names.
+            let committed = self.volume.commit();
             log::debug!("evicted {deleted} cache files ({freed} bytes)");
             if let Some(listener) = &*self.evict_listener.lock() {
                 listener(removed);
             }
+            committed?;
         }
-        Ok(deleted)
+        result.map(|()| deleted)
     }
 
     /// Deletes one tracked file if it is still what was tracked: the only name of a regular
-    /// file in a directory that is still a cache. Returns its size if deleted. An open file
-    /// is unlinked as by unlink(2): its space returns when the last handle closes.
-    fn evict_file(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Option<u64>> {
+    /// file without history in a directory that is still a cache. Returns the space its
+    /// data holds and whether something holds the file: then it is unlinked as by
+    /// unlink(2) (an open file stays readable through its handle) and its space returns
+    /// when the last handle closes.
+    fn evict_file(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Option<(u64, bool)>> {
         let result = self.volume.run(true, |tx| {
             let dir = dir_inode(tx, parent)?;
             if dir.flags & inode_flags::EVICTABLE == 0 || dir.nlink == 0 {
@@ -136,14 +198,26 @@ impl Filesystem {
                 return Ok(None);
             }
             let inode = load_inode(tx, ino)?;
-            if inode.nlink != 1 || inode.flags & inode_flags::EVICTABLE == 0 {
+            // With history on, deleting frees nothing.
+            let mark = inode_flags::EVICTABLE | inode_flags::NOHISTORY;
+            if inode.nlink != 1 || inode.flags & mark != mark {
                 return Ok(None);
             }
+            let mut bytes = 0;
+            for record_type in [rtype::DATA, rtype::PATCH] {
+                for (_, value) in tx.range(ino, record_type, 0, u64::MAX, usize::MAX)? {
+                    bytes += match value {
+                        Value::Extent(extent) => extent.allocated_bytes(),
+                        Value::Bytes(inline) => inline.len() as u64,
+                    };
+                }
+            }
+            let held = self.is_open(ino);
             let now = Timestamp::now();
             put(tx, dirent_key(parent, slot), None)?;
             touch_dir(tx, parent, -1, 0, now)?;
-            drop_link(tx, ino, self.is_open(ino), now)?;
-            Ok(Some(inode.size))
+            drop_link(tx, ino, held, now)?;
+            Ok(Some((bytes, held)))
         });
         match result {
             // The directory went away or changed kind since: nothing to evict there.
@@ -198,10 +272,6 @@ impl Filesystem {
         for (ino, dir, name, used) in noted {
             tracker.note(ino, dir, &name, Some(used));
         }
-        if !tracker.is_empty() {
-            drop(tracker);
-            self.start_evicting();
-        }
         Ok(())
     }
 }
@@ -232,6 +302,8 @@ pub(crate) struct Tracker {
     next_cluster: u64,
     /// The tree was walked for evictable files since the volume was opened.
     pub(crate) scanned: bool,
+    /// Files evicted while something held them: the space their data holds, and when.
+    held: HashMap<u64, (u64, Instant)>,
 }
 
 /// A unit of eviction: the files of one cluster (or one file alone), with its last use.
@@ -249,10 +321,6 @@ pub(crate) fn now_nanos() -> u64 {
 }
 
 impl Tracker {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.files.is_empty()
-    }
-
     /// Remembers a file of an evictable directory under `parent`/`name`, last used at
     /// `last_use` (None: now, for a file not tracked yet; a lookup is not a use).
     pub(crate) fn note(&mut self, ino: u64, parent: u64, name: &[u8], last_use: Option<u64>) {
@@ -318,6 +386,28 @@ impl Tracker {
             }
             self.clusters.remove(&cluster);
         }
+    }
+
+    /// `ino` was evicted while held: its `bytes` come back when it is let go.
+    pub(crate) fn evicted_while_held(&mut self, ino: u64, bytes: u64) {
+        self.held.insert(ino, (bytes, Instant::now()));
+    }
+
+    /// `ino` was let go; whether it was an evicted file (its space returns at the next
+    /// commit).
+    pub(crate) fn returned(&mut self, ino: u64) -> bool {
+        self.held.remove(&ino).is_some()
+    }
+
+    /// Space of evicted files expected back soon (held ones are forgotten after a while: a
+    /// process may keep one open for as long as it likes).
+    pub(crate) fn coming_bytes(&mut self) -> u64 {
+        if self.held.is_empty() {
+            return 0;
+        }
+        self.held
+            .retain(|_, (_, when)| when.elapsed() < RETURN_EXPECTED);
+        self.held.values().map(|(bytes, _)| bytes).sum()
     }
 
     /// Records clusters a commit wrote (the objects whose data share one run); those of

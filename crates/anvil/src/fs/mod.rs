@@ -529,6 +529,12 @@ impl Filesystem {
             evict_lock: Mutex::new(()),
             evict_listener: Mutex::new(None),
         };
+        // (No root yet while mkfs makes one.)
+        if let Ok(root) = fs.getattr(ROOT_OBJ) {
+            if root.flags & inode_flags::CACHES != 0 {
+                fs.start_evicting();
+            }
+        }
         // A slave's orphans are its master's: they go when the master reaps them.
         let slave = fs.volume.load_mirror_state()?.is_some();
         if !fs.volume.is_read_only() {
@@ -724,7 +730,7 @@ impl Filesystem {
         rdev: u64,
         target: Option<&[u8]>,
     ) -> Result<Attr> {
-        self.ensure_space(4096)?;
+        self.ensure_space(0, 4096)?;
         let attr = self.volume.run(true, |tx| {
             check_name(name)?;
             let parent_inode = dir_inode(tx, parent)?;
@@ -873,7 +879,7 @@ impl Filesystem {
         if flags.noreplace && flags.exchange {
             return posix(libc::EINVAL);
         }
-        let (child, replaced, new_parent_flags) = self.volume.run(true, |tx| {
+        let moved = self.volume.run(true, |tx| {
             if name == b"." || name == b".." {
                 return fail(libc::EINVAL);
             }
@@ -881,7 +887,7 @@ impl Filesystem {
                 Stop::Fail(Error::Posix(libc::EEXIST)) => fail(libc::EINVAL),
                 other => Err(other),
             })?;
-            dir_inode(tx, parent)?;
+            let parent_inode = dir_inode(tx, parent)?;
             let new_parent_inode = dir_inode(tx, new_parent)?;
             let Some((slot, entry)) = find_entry(tx, parent, name)? else {
                 return fail(libc::ENOENT);
@@ -903,29 +909,42 @@ impl Filesystem {
                 new_name,
                 now: Timestamp::now(),
             };
-            let child = moving.entry.child;
-            let replaced = target.as_ref().map(|(_, t)| t.child);
+            let cache = |flags: u32| flags & inode_flags::EVICTABLE != 0;
+            // Where each file now is, if a cache directory: (file, directory, name).
+            let mut moved = Vec::new();
+            if moving.entry.kind == kind::FILE && cache(new_parent_inode.flags) {
+                moved.push((moving.entry.child, new_parent, new_name.to_vec()));
+            }
+            let mut gone = vec![moving.entry.child];
             if flags.exchange {
                 let Some((target_slot, target_entry)) = target else {
                     return fail(libc::ENOENT);
                 };
+                gone.push(target_entry.child);
+                if target_entry.kind == kind::FILE && cache(parent_inode.flags) {
+                    moved.push((target_entry.child, parent, name.to_vec()));
+                }
                 exchange_entries(tx, &moving, name, target_slot, target_entry)?;
             } else {
+                if let Some((_, replaced)) = &target {
+                    gone.push(replaced.child);
+                }
                 let target_open = target.as_ref().is_some_and(|(_, t)| self.is_open(t.child));
                 move_entry(tx, &moving, target, flags.noreplace, target_open)?;
             }
-            Ok((child, replaced, new_parent_inode.flags))
+            Ok((gone, moved))
         })?;
         if self.evicting.load(Ordering::Relaxed) {
+            // Forgotten where they left (a file moved out of a cache, or replaced, is not
+            // the cache's to drop), noted where they are if that is a cache (a rename
+            // counts as a use).
+            let (gone, moved) = moved;
             let mut tracker = self.evictable.lock();
-            // Moved out of a cache directory: no longer the cache's to drop. An exchanged
-            // target moved the other way: it is tracked again when next looked up.
-            tracker.forget(child);
-            if let Some(replaced) = replaced {
-                tracker.forget(replaced);
+            for ino in gone {
+                tracker.forget(ino);
             }
-            if new_parent_flags & inode_flags::EVICTABLE != 0 && !flags.exchange {
-                tracker.note(child, new_parent, new_name, None);
+            for (ino, dir, name) in moved {
+                tracker.note(ino, dir, &name, None);
             }
         }
         Ok(())
@@ -993,9 +1012,7 @@ impl Filesystem {
 
     /// Reads up to `size` bytes at `offset`. Holes read as zeros.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        if self.evicting.load(Ordering::Relaxed) {
-            self.evictable.lock().touch(ino);
-        }
+        self.touch_evictable(ino);
         self.prefetch.wait_for(ino, offset, u64::from(size));
         let (file_size, chunks, patches, root) = self.volume.run(false, |tx| {
             let inode = load_inode(tx, ino)?;
@@ -1114,10 +1131,8 @@ impl Filesystem {
             return posix(libc::EFBIG);
         };
         self.volume.throttle();
-        self.ensure_space(data.len() as u64)?;
-        if self.evicting.load(Ordering::Relaxed) {
-            self.evictable.lock().touch(ino);
-        }
+        self.touch_evictable(ino);
+        self.ensure_space(ino, data.len() as u64)?;
         // The chunks this write covers whole go to the device now, before the volume's lock
         // is taken (`Volume::write_direct`): written once, to their place, and only their
         // addresses logged. (They were copied into memory, copied again into the redo log
@@ -1364,7 +1379,13 @@ impl Filesystem {
                 inode.flags &= !inode_flags::EVICTABLE;
             }
             inode.ctime = Timestamp::now();
-            store_inode(tx, ino, &inode)
+            store_inode(tx, ino, &inode)?;
+            let mut root = load_inode(tx, ROOT_OBJ)?;
+            if evictable && root.flags & inode_flags::CACHES == 0 {
+                root.flags |= inode_flags::CACHES;
+                store_inode(tx, ROOT_OBJ, &root)?;
+            }
+            Ok(())
         })?;
         if evictable {
             self.start_evicting();
@@ -1424,6 +1445,7 @@ impl Filesystem {
         if !last || self.volume.is_read_only() {
             return Ok(());
         }
+        self.released_evictable(ino);
         self.volume.run(true, |tx| {
             if self.open_handles.lock().contains_key(&ino) {
                 return Ok(()); // Reopened meanwhile.
