@@ -673,6 +673,13 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
     if num("pending_bytes") > 0 {
         println!("pending:        {}", mib(num("pending_bytes")));
     }
+    if num("evicted_files") > 0 {
+        println!(
+            "evicted:        {} cache files ({}) since the volume was mounted",
+            num("evicted_files"),
+            mib(num("evicted_bytes"))
+        );
+    }
     // Nearly full: less than 2% (at least 1 MiB) left above the reserve.
     let available = num("free_bytes").saturating_sub(num("reserve_bytes"));
     if available < (num("volume_bytes") / 50).max(1 << 20) {

@@ -63,6 +63,14 @@ fn a_cache_directory_through_the_mount() {
         );
     }
     assert_eq!(std::fs::read(root.join("kept")).unwrap(), kept);
+    let out = run(&["info", root.to_str().unwrap()]);
+    let info = String::from_utf8_lossy(&out.stdout);
+    let evicted = info
+        .lines()
+        .find_map(|l| l.strip_prefix("evicted:"))
+        .unwrap_or_else(|| panic!("no evictions in `anvil info`: {info}"));
+    let files: u64 = evicted.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(files >= count - present.len() as u64, "{evicted}");
     mount.unmount_keep_image();
     let check = mount.check();
     assert!(check.status.success(), "{check}");

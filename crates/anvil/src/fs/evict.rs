@@ -168,6 +168,8 @@ impl Filesystem {
             }
         }
         let deleted = removed.len() as u64;
+        self.evicted.0.fetch_add(deleted, Ordering::Relaxed);
+        self.evicted.1.fetch_add(freed, Ordering::Relaxed);
         if deleted > 0 {
             // Deleted in memory, whatever the commit does: the kernel must forget the names.
             let committed = self.volume.commit();

@@ -57,6 +57,8 @@ pub struct Filesystem {
     evictable: Mutex<evict::Tracker>,
     /// One eviction at a time.
     evict_lock: Mutex<()>,
+    /// Files evicted since the volume was opened, and the space their data held.
+    evicted: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
     /// Told the names each eviction removed (the FUSE mount invalidates the kernel's).
     evict_listener: Mutex<Option<EvictListener>>,
 }
@@ -528,6 +530,7 @@ impl Filesystem {
             evictable: Mutex::new(evict::Tracker::default()),
             evict_lock: Mutex::new(()),
             evict_listener: Mutex::new(None),
+            evicted: Default::default(),
         };
         // (No root yet while mkfs makes one.)
         if let Ok(root) = fs.getattr(ROOT_OBJ) {
@@ -635,6 +638,8 @@ impl Filesystem {
             pending_bytes: usage.pending_bytes,
             cache_bytes: usage.cache_bytes,
             read_only: self.volume.is_read_only(),
+            evicted_files: self.evicted.0.load(Ordering::Relaxed),
+            evicted_bytes: self.evicted.1.load(Ordering::Relaxed),
         }
     }
 

@@ -196,6 +196,10 @@ pub struct VolumeInfo {
     pub pending_bytes: u64,
     pub cache_bytes: u64,
     pub read_only: bool,
+    /// Files of cache directories evicted since the volume was opened, and the space
+    /// their data held.
+    pub evicted_files: u64,
+    pub evicted_bytes: u64,
 }
 
 impl VolumeInfo {
@@ -208,7 +212,7 @@ impl VolumeInfo {
                 "\"data_bytes\":{},\"used_bytes\":{},\"free_bytes\":{},\"reserve_bytes\":{},",
                 "\"committed_tid\":{},\"commit_time_ns\":{},\"created_time_ns\":{},",
                 "\"objects_allocated\":{},\"objects\":{},\"pending_bytes\":{},\"cache_bytes\":{},",
-                "\"read_only\":{}}}"
+                "\"read_only\":{},\"evicted_files\":{},\"evicted_bytes\":{}}}"
             ),
             escape(&self.label),
             self.volume_id,
@@ -224,7 +228,9 @@ impl VolumeInfo {
             self.objects,
             self.pending_bytes,
             self.cache_bytes,
-            self.read_only
+            self.read_only,
+            self.evicted_files,
+            self.evicted_bytes
         )
     }
 }
