@@ -80,6 +80,9 @@ pub trait Vfs: Send + Sync {
     /// Turns history off below directory `path` on an anvil volume (`anvil nohistory`).
     /// Only for anvil targets: elsewhere the attribute would be stored as junk.
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()>;
+    /// Makes directory `path` of an anvil volume a cache (`anvil evict`): when space runs
+    /// low, anvil deletes its least recently used clusters. Only for anvil targets.
+    fn set_anvil_evictable(&self, path: &str) -> io::Result<()>;
     /// open(O_RDONLY).
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>>;
     /// rename(2): atomically replaces `to` if it exists.
@@ -125,6 +128,14 @@ impl PosixVfs {
         full.extend_from_slice(&self.root);
         full.extend_from_slice(path.as_bytes());
         CString::new(full).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    /// Writes "1" to the anvil control attribute `name` of `path`.
+    fn switch_on(&self, path: &str, name: &std::ffi::CStr) -> io::Result<()> {
+        let c = self.c_path(path)?;
+        // SAFETY: NUL-terminated path and name; the value is one byte that outlives the call.
+        check(unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) })
+            .map(|_| ())
     }
 
     fn open_at(&self, path: &str, flags: libc::c_int, mode: u32) -> io::Result<Box<dyn VFile>> {
@@ -190,11 +201,11 @@ impl Vfs for PosixVfs {
     }
 
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
-        let c = self.c_path(path)?;
-        let name = c"trusted.anvil.nohistory";
-        // SAFETY: NUL-terminated path and name; the value is one byte that outlives the call.
-        check(unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) })
-            .map(|_| ())
+        self.switch_on(path, c"trusted.anvil.nohistory")
+    }
+
+    fn set_anvil_evictable(&self, path: &str) -> io::Result<()> {
+        self.switch_on(path, c"trusted.anvil.evict")
     }
 
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
@@ -390,6 +401,11 @@ impl Vfs for AnvilVfs {
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
         let ino = self.ino_of(path)?;
         self.fs.set_nohistory(ino, true).map_err(anvil_err)
+    }
+
+    fn set_anvil_evictable(&self, path: &str) -> io::Result<()> {
+        let ino = self.ino_of(path)?;
+        self.fs.set_evictable(ino, true).map_err(anvil_err)
     }
 
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {

@@ -140,6 +140,13 @@ pub struct Params {
     /// with a hint naming the client's latest HTML page (`collocate_files`). Only
     /// anvil-lib takes hints; other targets create the file as usual.
     pub hints: bool,
+    /// Hummingbird's division of labour: on anvil targets the cache directory is an anvil
+    /// cache (`anvil evict`), the proxy never deletes for space, and anvil drops the least
+    /// recently used clusters when the volume runs low (a file gone is a miss, fetched
+    /// again). The disk cache is then the volume (`--size`), not `cache_bytes`. Other
+    /// targets run as usual, the proxy evicting.
+    #[serde(default)]
+    pub fs_evicts: bool,
 }
 
 /// Hummingbird's Table 2: (name, disk cache bytes, memory bytes).
@@ -240,6 +247,7 @@ impl Params {
             scale: 1.0,
             cache_history: true,
             hints: true,
+            fs_evicts: false,
         }
     }
 
@@ -813,16 +821,22 @@ struct Store {
 }
 
 impl Store {
-    fn new(p: &Params, objects: u32) -> Store {
+    /// `fs_evicts`: the file system keeps the disk cache within the volume; the store
+    /// never evicts for space.
+    fn new(p: &Params, objects: u32, fs_evicts: bool) -> Store {
         let n = objects as usize;
+        let mark = |fraction: f64| match fs_evicts {
+            true => u64::MAX / 2,
+            false => (p.cache_bytes as f64 * fraction) as u64,
+        };
         Store {
             disk: Lru::new(objects),
             mem: Lru::new(objects),
             filn: vec![0; n],
             size: vec![0; n],
             next_filn: 0,
-            high: (p.cache_bytes as f64 * p.high_water) as u64,
-            low: (p.cache_bytes as f64 * p.low_water) as u64,
+            high: mark(p.high_water),
+            low: mark(p.low_water),
             max_object: p.max_cached_object,
             mem_capacity: p.mem_cache_bytes,
             block: p.block_bytes,
@@ -956,6 +970,8 @@ struct Replay {
     reads: Times,
     writes: Times,
     unlinks: Times,
+    /// Disk hits whose file the file system had evicted (`fs_evicts`).
+    fs_evicted: u64,
     read_bytes: u64,
     written_bytes: u64,
     hit_series: Vec<(f64, f64)>,
@@ -1017,6 +1033,11 @@ fn make_tree(vfs: &dyn Vfs, p: &Params, fs_type: &str) -> Result<()> {
         vfs.set_anvil_nohistory(CACHE_DIR)
             .ctx(|| format!("anvil nohistory {CACHE_DIR}"))?;
     }
+    // Before the subdirectories, which inherit it.
+    if p.fs_evicts && fs_type == "anvil" {
+        vfs.set_anvil_evictable(CACHE_DIR)
+            .ctx(|| format!("anvil evict {CACHE_DIR}"))?;
+    }
     for a in 0..p.l1 {
         let d1 = format!("{CACHE_DIR}/{a:02X}");
         vfs.mkdir(&d1, 0o755).ctx(|| format!("mkdir {d1}"))?;
@@ -1028,7 +1049,14 @@ fn make_tree(vfs: &dyn Vfs, p: &Params, fs_type: &str) -> Result<()> {
     Ok(())
 }
 
-fn replay(env: &RunEnv, p: &Params, trace: &Trace, store: &mut Store, content: &Content) -> Replay {
+fn replay(
+    env: &RunEnv,
+    p: &Params,
+    trace: &Trace,
+    store: &mut Store,
+    content: &Content,
+    fs_evicts: bool,
+) -> Replay {
     let vfs = env.vfs;
     let chunk = p.io_chunk as usize;
     let mut buf = vec![0u8; chunk];
@@ -1043,43 +1071,52 @@ fn replay(env: &RunEnv, p: &Params, trace: &Trace, store: &mut Store, content: &
 
     for req in &trace.requests {
         r.requests += 1;
-        match store.lookup(req.object, req.size) {
-            Lookup::Memory => r.mem_hits += 1,
-            Lookup::Disk { filn } => {
-                if req.html {
-                    remember_page(&mut client_page, req.client, filn);
+        let mut lookup = store.lookup(req.object, req.size);
+        if let Lookup::Disk { filn } = lookup {
+            if req.html {
+                remember_page(&mut client_page, req.client, filn);
+            }
+            let path = squid_path(filn, p.l1, p.l2);
+            let t0 = Instant::now();
+            let got = (|| -> std::io::Result<u64> {
+                let mut f = vfs.open_read(&path)?;
+                let mut total = 0u64;
+                loop {
+                    match f.read(&mut buf)? {
+                        0 => break,
+                        k => total += k as u64,
+                    }
                 }
-                let path = squid_path(filn, p.l1, p.l2);
-                let t0 = Instant::now();
-                let got = (|| -> std::io::Result<u64> {
-                    let mut f = vfs.open_read(&path)?;
-                    let mut total = 0u64;
-                    loop {
-                        match f.read(&mut buf)? {
-                            0 => break,
-                            k => total += k as u64,
-                        }
-                    }
-                    drop(f);
-                    Ok(total)
-                })();
-                match got {
-                    Ok(len) if len == u64::from(req.size) => {
-                        r.reads.add(t0);
-                        r.read_bytes += len;
-                        r.disk_hits += 1;
-                        store.remember(req.object, req.size);
-                    }
-                    Ok(len) => {
-                        r.error(format!("read {path}: {len} bytes, expected {}", req.size));
-                        store.forget(req.object);
-                    }
-                    Err(e) => {
-                        r.error(format!("read {path}: {e}"));
-                        store.forget(req.object);
-                    }
+                drop(f);
+                Ok(total)
+            })();
+            match got {
+                Ok(len) if len == u64::from(req.size) => {
+                    r.reads.add(t0);
+                    r.read_bytes += len;
+                    r.disk_hits += 1;
+                    store.remember(req.object, req.size);
+                }
+                Ok(len) => {
+                    r.error(format!("read {path}: {len} bytes, expected {}", req.size));
+                    store.forget(req.object);
+                }
+                // The file system dropped it for space: a miss, fetched again. (A
+                // copy in the memory cache still serves, as Squid's would.)
+                Err(e) if fs_evicts && e.kind() == std::io::ErrorKind::NotFound => {
+                    r.fs_evicted += 1;
+                    store.forget(req.object);
+                    lookup = Lookup::Miss { stale: None };
+                }
+                Err(e) => {
+                    r.error(format!("read {path}: {e}"));
+                    store.forget(req.object);
                 }
             }
+        }
+        match lookup {
+            Lookup::Memory => r.mem_hits += 1,
+            Lookup::Disk { .. } => {}
             Lookup::Miss { stale } => {
                 if let Some(filn) = stale {
                     unlink(vfs, &mut r, filn, p);
@@ -1194,7 +1231,8 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
     let (trace, parse) = load_trace(p, seed)?;
     let summary = trace.summary(p.max_cached_object);
     let content = Content::new(seed);
-    let mut store = Store::new(p, trace.objects);
+    let fs_evicts = p.fs_evicts && env.fs_type == "anvil";
+    let mut store = Store::new(p, trace.objects, fs_evicts);
 
     env.progress.set_message("making the cache tree");
     let ((), setup) = env.phase("setup", || {
@@ -1210,7 +1248,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
     env.progress.set_length(trace.requests.len() as u64);
     env.progress.set_position(0);
     let (mut r, replay_phase) = env.phase("replay", || {
-        Ok(replay(env, p, &trace, &mut store, &content))
+        Ok(replay(env, p, &trace, &mut store, &content, fs_evicts))
     })?;
     drop(std::hint::black_box(squid_memory));
     let ((), sync) = env.phase("sync", || env.probe.sync())?;
@@ -1249,6 +1287,10 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         Metric::lower("run_time_s", "s", run_time),
         Metric::higher("throughput", "requests/s", throughput),
     ];
+    let mut metrics = metrics;
+    if fs_evicts {
+        metrics.push(Metric::lower("fs_evicted", "requests", r.fs_evicted as f64));
+    }
     let series = vec![
         Series {
             name: "hit_rate".into(),
@@ -1475,8 +1517,12 @@ mod tests {
 
     /// The workload through `AnvilVfs` on an in-memory anvil volume, as
     /// `--fs anvil-lib` runs it (no kernel path).
-    #[test]
-    fn runs_on_an_anvil_volume_in_process() {
+    /// Runs the workload with `overrides` on a fresh in-memory anvil volume of `bytes`,
+    /// in process; returns the output and the volume.
+    fn run_in_process(
+        bytes: u64,
+        overrides: &[(String, String)],
+    ) -> (RunOutput, std::sync::Arc<anvil::Filesystem>, u64) {
         use std::sync::Arc;
 
         use anvil::device::MemDevice;
@@ -1508,7 +1554,6 @@ mod tests {
             }
         }
 
-        let bytes = 64 * MIB;
         let dev: Arc<dyn anvil::device::Device> = Arc::new(MemDevice::new(bytes));
         Filesystem::mkfs(dev.clone(), bytes, "bench").unwrap();
         let options = MountOptions {
@@ -1531,8 +1576,15 @@ mod tests {
             mem_limit: None,
             progress: &bar,
         };
+        let out = workload(Tier::Tiny, overrides).unwrap().run(&env).unwrap();
+        (out, fs, root)
+    }
+
+    #[test]
+    fn runs_on_an_anvil_volume_in_process() {
+        let (out, fs, root) = run_in_process(64 * MIB, &[]);
+        let vfs = crate::vfs::AnvilVfs::new(fs, root);
         let p = tiny();
-        let out = workload(Tier::Tiny, &[]).unwrap().run(&env).unwrap();
         assert_eq!(out.errors, 0, "{}", out.text);
         assert!(metric(&out, "hit_rate") > 0.0);
         let counts = &out.extra["counts"];
@@ -1544,6 +1596,26 @@ mod tests {
         }
         assert_eq!(files, counts["cached_files"].as_u64().unwrap());
         assert!(counts["cached_bytes"].as_u64().unwrap() <= p.cache_bytes);
+    }
+
+    /// `fs_evicts`: a trace whose unique bytes are several times the volume runs without
+    /// an error on anvil, which drops files for space (the proxy never unlinks), and the
+    /// proxy sees some of its disk hits gone.
+    #[test]
+    fn anvil_evicts_for_the_proxy() {
+        let overrides = ov(&[
+            ("fs_evicts", "true"),
+            ("requests", "30000"),
+            ("pages", "12000"),
+            ("cache_bytes", "1073741824"),
+        ]);
+        let (out, fs, _) = run_in_process(32 * MIB, &overrides);
+        assert_eq!(out.errors, 0, "{}", out.text);
+        assert!(metric(&out, "fs_evicted") > 0.0, "{}", out.text);
+        assert!(metric(&out, "hit_rate") > 0.0);
+        let info = fs.info();
+        assert!(info.evicted_files > 0);
+        assert!(metric(&out, "fs_unlink_ms") == 0.0, "the proxy unlinked");
     }
 
     #[test]
@@ -1623,7 +1695,7 @@ mod tests {
             ..tiny()
         };
         let objects = 5_000u32;
-        let mut store = Store::new(&p, objects);
+        let mut store = Store::new(&p, objects, false);
         let mut rng = StdRng::seed_from_u64(5);
         let max_charged = 64 * KIB;
         let (low, high) = (store.low, store.high);

@@ -38,6 +38,10 @@ const RETURN_EXPECTED: std::time::Duration = std::time::Duration::from_secs(2);
 const RETURN_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 const RETURN_WAIT_ROUNDS: u32 = 50;
 
+/// Node space one eviction may take at its commit: the leaves of the directory entry, of
+/// the file's records and of the directory's inode, each copied whole.
+const EVICT_NODE_BYTES: u64 = 3 * crate::format::NODE_BYTES as u64;
+
 impl Filesystem {
     /// Calls `listener` with the names each eviction removed, after its commit.
     pub fn on_evict(&self, listener: super::EvictListener) {
@@ -140,6 +144,7 @@ impl Filesystem {
         let mut freed = 0u64;
         let mut removed: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut result = Ok(());
+        let mut batch = 0u64;
         'victims: for victim in victims {
             if freed >= wanted {
                 break;
@@ -148,6 +153,16 @@ impl Filesystem {
                 continue;
             }
             for (ino, parent, name) in victim.files {
+                // Deletes copy the leaves they touch at the commit, into space the reserve
+                // holds for it: commit before they could need more than half of it.
+                if batch * EVICT_NODE_BYTES >= self.volume.reserve_bytes() / 2 {
+                    if let Err(e) = self.volume.commit() {
+                        result = Err(e);
+                        break 'victims;
+                    }
+                    batch = 0;
+                }
+                batch += 1;
                 let evicted = self.evict_file(ino, parent, &name);
                 let mut tracker = self.evictable.lock();
                 tracker.forget(ino);

@@ -1291,6 +1291,11 @@ impl Volume {
             .saturating_sub(pending)
     }
 
+    /// Bytes kept back from ordinary writes so that deletes and commits work when full.
+    pub fn reserve_bytes(&self) -> u64 {
+        self.space.reserve_bytes()
+    }
+
     /// Bytes of the volume's data area (where nodes and extents live).
     pub fn data_area_bytes(&self) -> u64 {
         self.space.data_bytes()
