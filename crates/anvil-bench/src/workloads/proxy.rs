@@ -343,7 +343,14 @@ impl Workload for ProxyCache {
         // The cache with slack for metadata and the directory tree (a block
         // or so per directory).
         let dirs = u64::from(p.l1) * (1 + u64::from(p.l2)) + 1;
-        Some(p.cache_bytes / 10 * 13 + dirs * 4096 + 16 * MIB)
+        // With `fs_evicts` the volume is the cache, whatever its size (run the targets
+        // whose proxy evicts separately, on devices that hold `cache_bytes`).
+        let cache = if p.fs_evicts {
+            32 * MIB
+        } else {
+            p.cache_bytes / 10 * 13
+        };
+        Some(cache + dirs * 4096 + 16 * MIB)
     }
 
     fn run(&self, env: &RunEnv) -> Result<RunOutput> {

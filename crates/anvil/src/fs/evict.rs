@@ -88,7 +88,10 @@ impl Filesystem {
             return self.volume.check_space(new_bytes);
         }
         let left = self.volume.space_left();
-        let coming = self.evictable.lock().coming_bytes();
+        let coming = self
+            .evictable
+            .lock()
+            .coming_bytes(self.volume.committed_tid());
         let low = self.volume.data_area_bytes() / LOW_MARK;
         if left >= new_bytes && left + coming >= low {
             return Ok(());
@@ -100,15 +103,16 @@ impl Filesystem {
             Err(e) if left >= new_bytes => log::warn!("eviction failed: {e}"),
             Err(e) => return Err(e),
         }
-        // Files the kernel held when they were evicted come back once it forgets them (at
-        // once: their names were invalidated) and a commit follows. A write that needs
-        // their space waits for that, briefly.
+        // Evicted files come back with the next commit (the committer was asked for one
+        // soon), those the kernel held once it forgets them (at once: their names were
+        // invalidated) and a commit follows. A write that needs their space now commits,
+        // and waits for held ones, briefly.
         for round in 0..=RETURN_WAIT_ROUNDS {
             match self.volume.check_space(new_bytes) {
                 Err(Error::NoSpace) => {}
                 other => return other,
             }
-            let waiting = self.evictable.lock().coming_bytes() > 0;
+            let waiting = !self.evictable.lock().held.is_empty();
             if round == RETURN_WAIT_ROUNDS || (round > 0 && !waiting) {
                 break;
             }
@@ -122,12 +126,16 @@ impl Filesystem {
 
     /// Deletes cache files, least recently used cluster first (never `writer`'s), until the
     /// space left is back over the high mark with `new_bytes` written (counting the space
-    /// their data holds, and what earlier evictions will return), and commits so that their
-    /// space returns. Returns the files deleted.
+    /// their data holds, and what earlier evictions will return), and asks for a commit,
+    /// which returns their space. Returns the files deleted.
     pub(crate) fn evict(&self, writer: u64, new_bytes: u64) -> Result<u64> {
         let _one = self.evict_lock.lock();
         // Counted under the lock: another writer may have made room while this one waited.
-        let left = self.volume.space_left() + self.evictable.lock().coming_bytes();
+        let left = self.volume.space_left()
+            + self
+                .evictable
+                .lock()
+                .coming_bytes(self.volume.committed_tid());
         let wanted = (self.volume.data_area_bytes() / HIGH_MARK + new_bytes).saturating_sub(left);
         if wanted == 0 {
             return Ok(0);
@@ -144,26 +152,29 @@ impl Filesystem {
         let mut freed = 0u64;
         let mut removed: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut result = Ok(());
-        let mut batch = 0u64;
         'victims: for victim in victims {
             if freed >= wanted {
                 break;
             }
-            if victim.files.iter().any(|f| f.0 == writer) {
+            if victim.files.contains(&writer) {
                 continue;
             }
-            for (ino, parent, name) in victim.files {
+            for ino in victim.files {
+                // Where the tracker has it now (a rename since the ranking moves it).
+                let Some((parent, name)) = self.evictable.lock().name_of(ino) else {
+                    continue;
+                };
                 // Deletes copy the leaves they touch at the commit, into space the reserve
                 // holds for it: commit before they could need more than half of it.
+                let batch = self.evictable.lock().uncommitted_files();
                 if batch * EVICT_NODE_BYTES >= self.volume.reserve_bytes() / 2 {
                     if let Err(e) = self.volume.commit() {
                         result = Err(e);
                         break 'victims;
                     }
-                    batch = 0;
                 }
-                batch += 1;
                 let evicted = self.evict_file(ino, parent, &name);
+                let committed = self.volume.committed_tid();
                 let mut tracker = self.evictable.lock();
                 tracker.forget(ino);
                 match evicted {
@@ -172,6 +183,10 @@ impl Filesystem {
                         removed.push((parent, name));
                         if held {
                             tracker.evicted_while_held(ino, bytes);
+                        } else {
+                            tracker.coming_bytes(committed);
+                            tracker.uncommitted.0 += bytes;
+                            tracker.uncommitted.1 += 1;
                         }
                     }
                     Ok(None) => {}
@@ -186,13 +201,12 @@ impl Filesystem {
         self.evicted.0.fetch_add(deleted, Ordering::Relaxed);
         self.evicted.1.fetch_add(freed, Ordering::Relaxed);
         if deleted > 0 {
-            // Deleted in memory, whatever the commit does: the kernel must forget the names.
-            let committed = self.volume.commit();
             log::debug!("evicted {deleted} cache files ({freed} bytes)");
+            self.volume.request_commit();
+            // Deleted, whatever happens next: the kernel must forget the names.
             if let Some(listener) = &*self.evict_listener.lock() {
                 listener(removed);
             }
-            committed?;
         }
         result.map(|()| deleted)
     }
@@ -304,7 +318,7 @@ fn nanos(t: Timestamp) -> u64 {
 #[derive(Clone, Debug)]
 struct Tracked {
     parent: u64,
-    name: Vec<u8>,
+    name: Box<[u8]>,
     /// Nanoseconds since the epoch of the last read, write, create or lookup.
     last_use: u64,
     cluster: Option<u64>,
@@ -321,14 +335,17 @@ pub(crate) struct Tracker {
     pub(crate) scanned: bool,
     /// Files evicted while something held them: the space their data holds, and when.
     held: HashMap<u64, (u64, Instant)>,
+    /// Space of files evicted since the commit of this TID (free after the next one), and
+    /// how many files.
+    uncommitted: (u64, u64),
+    uncommitted_since: u64,
 }
 
 /// A unit of eviction: the files of one cluster (or one file alone), with its last use.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Victim {
     pub(crate) last_use: u64,
-    /// (file, the directory holding its name, the name)
-    pub(crate) files: Vec<(u64, u64, Vec<u8>)>,
+    pub(crate) files: Vec<u64>,
 }
 
 pub(crate) fn now_nanos() -> u64 {
@@ -344,7 +361,7 @@ impl Tracker {
         match self.files.get_mut(&ino) {
             Some(t) => {
                 t.parent = parent;
-                t.name = name.to_vec();
+                t.name = name.into();
                 if let Some(last_use) = last_use {
                     t.last_use = t.last_use.max(last_use);
                 }
@@ -354,7 +371,7 @@ impl Tracker {
                     ino,
                     Tracked {
                         parent,
-                        name: name.to_vec(),
+                        name: name.into(),
                         last_use: last_use.unwrap_or_else(now_nanos),
                         cluster: None,
                     },
@@ -375,7 +392,7 @@ impl Tracker {
         let named = self
             .files
             .get(&ino)
-            .is_some_and(|t| t.parent == parent && t.name == name);
+            .is_some_and(|t| t.parent == parent && *t.name == *name);
         if named {
             self.forget(ino);
         }
@@ -416,15 +433,24 @@ impl Tracker {
         self.held.remove(&ino).is_some()
     }
 
-    /// Space of evicted files expected back soon (held ones are forgotten after a while: a
-    /// process may keep one open for as long as it likes).
-    pub(crate) fn coming_bytes(&mut self) -> u64 {
-        if self.held.is_empty() {
-            return 0;
+    /// Space of evicted files expected back soon, the volume's last commit being
+    /// `committed`: deleted since it, or held when deleted (held ones are forgotten after a
+    /// while: a process may keep one open for as long as it likes).
+    pub(crate) fn coming_bytes(&mut self, committed: u64) -> u64 {
+        if committed != self.uncommitted_since {
+            self.uncommitted = (0, 0);
+            self.uncommitted_since = committed;
         }
-        self.held
-            .retain(|_, (_, when)| when.elapsed() < RETURN_EXPECTED);
-        self.held.values().map(|(bytes, _)| bytes).sum()
+        if !self.held.is_empty() {
+            self.held
+                .retain(|_, (_, when)| when.elapsed() < RETURN_EXPECTED);
+        }
+        self.uncommitted.0 + self.held.values().map(|(bytes, _)| bytes).sum::<u64>()
+    }
+
+    /// Files evicted since the last commit (their deletes are in memory).
+    fn uncommitted_files(&self) -> u64 {
+        self.uncommitted.1
     }
 
     /// Records clusters a commit wrote (the objects whose data share one run); those of
@@ -453,30 +479,34 @@ impl Tracker {
         }
     }
 
+    /// The directory and name `ino` is tracked under.
+    pub(crate) fn name_of(&self, ino: u64) -> Option<(u64, Vec<u8>)> {
+        self.files.get(&ino).map(|t| (t.parent, t.name.to_vec()))
+    }
+
     /// Every unit of eviction, least recently used first.
     pub(crate) fn victims(&self) -> Vec<Victim> {
-        let mut out: Vec<Victim> = Vec::new();
+        let mut out: Vec<Victim> = Vec::with_capacity(self.files.len());
         for (&ino, t) in &self.files {
             if t.cluster.is_none() {
                 out.push(Victim {
                     last_use: t.last_use,
-                    files: vec![(ino, t.parent, t.name.clone())],
+                    files: vec![ino],
                 });
             }
         }
         for members in self.clusters.values() {
-            let files: Vec<(u64, u64, Vec<u8>)> = members
-                .iter()
-                .filter_map(|m| self.files.get(m).map(|t| (*m, t.parent, t.name.clone())))
-                .collect();
             let last_use = members
                 .iter()
                 .filter_map(|m| self.files.get(m).map(|t| t.last_use))
                 .max()
                 .unwrap_or(0);
-            out.push(Victim { last_use, files });
+            out.push(Victim {
+                last_use,
+                files: members.clone(),
+            });
         }
-        out.sort_by(|a, b| a.last_use.cmp(&b.last_use).then(a.files.cmp(&b.files)));
+        out.sort_unstable_by(|a, b| a.last_use.cmp(&b.last_use).then(a.files.cmp(&b.files)));
         out
     }
 }
@@ -495,11 +525,7 @@ mod tests {
         t.add_clusters(vec![vec![10, 11, 12, 99], vec![13]]);
         // A use of 12 keeps its whole cluster: 13 goes first, then 14, 15, then the cluster.
         t.touch(12);
-        let order: Vec<Vec<u64>> = t
-            .victims()
-            .iter()
-            .map(|v| v.files.iter().map(|f| f.0).collect())
-            .collect();
+        let order: Vec<Vec<u64>> = t.victims().iter().map(|v| v.files.clone()).collect();
         assert_eq!(order, vec![vec![13], vec![14], vec![15], vec![10, 11, 12]]);
         // A file deleted leaves its cluster; a cluster of one is a file alone again.
         t.forget_name(1, b"f10", 10);

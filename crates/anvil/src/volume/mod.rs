@@ -329,6 +329,8 @@ pub struct Volume {
     /// the last `take_clusters`: the objects whose data each cluster run holds.
     clusters_wanted: AtomicBool,
     clusters: Mutex<Vec<Vec<u64>>>,
+    /// `request_commit` was called since the last commit.
+    commit_requested: AtomicBool,
     /// A mirror slave takes changes only from `mirror_write` (and prune's removals, which
     /// commit without a TID of their own).
     slave: AtomicBool,
@@ -605,6 +607,7 @@ impl Volume {
             shadow,
             locality: Mutex::new(HashMap::new()),
             clusters_wanted: AtomicBool::new(false),
+            commit_requested: AtomicBool::new(false),
             clusters: Mutex::new(Vec::new()),
             slave: AtomicBool::new(false),
         });
@@ -1255,6 +1258,9 @@ impl Volume {
     /// True when pending changes should be committed soon: memory pressure, or a log ring
     /// more than half full (a full one makes the operation that finds it so commit).
     pub fn wants_commit(&self) -> bool {
+        if self.commit_requested.load(Ordering::Acquire) {
+            return true;
+        }
         {
             // Data written ahead of its commit holds host memory until the commit too.
             let st = self.state.lock();
@@ -1354,7 +1360,14 @@ impl Volume {
     /// Commits the active flush group now. Returns the durable TID.
     pub fn commit(&self) -> Result<u64> {
         let _commit = self.commit_lock.lock();
+        self.commit_requested.store(false, Ordering::Release);
         self.commit_locked()
+    }
+
+    /// Asks the background committer to commit soon (deletes whose space is wanted).
+    pub fn request_commit(&self) {
+        self.commit_requested.store(true, Ordering::Release);
+        self.wake_committer();
     }
 
     /// Freezes the active group for a commit. Its changes not yet in the log join its
