@@ -76,7 +76,7 @@ impl Filesystem {
     /// while it was held, its space comes back with the next commit.
     pub(crate) fn released_evictable(&self, ino: u64) {
         if self.evicting.load(Ordering::Relaxed) && self.evictable.lock().returned(ino) {
-            self.volume.wake_committer();
+            self.volume.request_commit();
         }
     }
 
