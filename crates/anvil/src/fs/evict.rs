@@ -15,10 +15,7 @@
 //! finds the files by walking the tree (and ranks them by their modification or access
 //! time, whichever is later), and clusters are known again as commits write them.
 
-use super::{
-    dir_inode, dirent_key, drop_link, find_entry, load_inode, put, touch_dir, Attr, FileKind,
-    Filesystem,
-};
+use super::{dir_inode, find_entry, load_inode, unlink_entry, Attr, FileKind, Filesystem};
 use crate::error::{Error, Result};
 use crate::format::record::{inode_flags, kind, rtype, Timestamp, ROOT_OBJ};
 use crate::volume::Value;
@@ -88,11 +85,15 @@ impl Filesystem {
             return self.volume.check_space(new_bytes);
         }
         let left = self.volume.space_left();
+        let low = self.volume.data_area_bytes() / LOW_MARK;
+        // Above the low mark (every write but a few): nothing more to look at.
+        if left >= new_bytes && left >= low {
+            return Ok(());
+        }
         let coming = self
             .evictable
             .lock()
             .coming_bytes(self.volume.committed_tid());
-        let low = self.volume.data_area_bytes() / LOW_MARK;
         if left >= new_bytes && left + coming >= low {
             return Ok(());
         }
@@ -244,10 +245,7 @@ impl Filesystem {
                 }
             }
             let held = self.is_open(ino);
-            let now = Timestamp::now();
-            put(tx, dirent_key(parent, slot), None)?;
-            touch_dir(tx, parent, -1, 0, now)?;
-            drop_link(tx, ino, held, now)?;
+            unlink_entry(tx, parent, slot, &entry, held)?;
             Ok(Some((bytes, held)))
         });
         match result {

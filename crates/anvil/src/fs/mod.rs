@@ -252,6 +252,16 @@ fn drop_link(tx: &mut Tx<'_>, obj: u64, is_open: bool, now: Timestamp) -> Step<(
     destroy(tx, obj)
 }
 
+/// Removes entry `slot` of `parent` (naming `entry`) and drops the link it held: what
+/// unlink(2), rmdir(2) and eviction share. `held`: something still holds the object.
+fn unlink_entry(tx: &mut Tx<'_>, parent: u64, slot: u64, entry: &Dirent, held: bool) -> Step<()> {
+    let now = Timestamp::now();
+    let dir_links = if entry.kind == kind::DIR { -1 } else { 0 };
+    put(tx, dirent_key(parent, slot), None)?;
+    touch_dir(tx, parent, -1, dir_links, now)?;
+    drop_link(tx, entry.child, held, now)
+}
+
 /// Whether directory `ancestor` is `dir` or lies on its parent chain up to the root. The
 /// chain is followed through each directory's `parent_hint`; a chain that comes back to a
 /// directory it already passed is damage, reported as such (no depth bound: POSIX sets
@@ -861,10 +871,7 @@ impl Filesystem {
             if is_dir && !is_empty_dir(tx, entry.child)? {
                 return fail(libc::ENOTEMPTY);
             }
-            let now = Timestamp::now();
-            put(tx, dirent_key(parent, slot), None)?;
-            touch_dir(tx, parent, -1, if is_dir { -1 } else { 0 }, now)?;
-            drop_link(tx, entry.child, self.is_open(entry.child), now)?;
+            unlink_entry(tx, parent, slot, &entry, self.is_open(entry.child))?;
             Ok(entry.child)
         })?;
         if self.evicting.load(Ordering::Relaxed) {
@@ -884,6 +891,7 @@ impl Filesystem {
         if flags.noreplace && flags.exchange {
             return posix(libc::EINVAL);
         }
+        let tracking = self.evicting.load(Ordering::Relaxed);
         let moved = self.volume.run(true, |tx| {
             if name == b"." || name == b".." {
                 return fail(libc::EINVAL);
@@ -914,24 +922,30 @@ impl Filesystem {
                 new_name,
                 now: Timestamp::now(),
             };
-            let cache = |flags: u32| flags & inode_flags::EVICTABLE != 0;
+            // Only while the volume has cache directories.
+            let cache = |flags: u32| tracking && flags & inode_flags::EVICTABLE != 0;
             // Where each file now is, if a cache directory: (file, directory, name).
             let mut moved = Vec::new();
             if moving.entry.kind == kind::FILE && cache(new_parent_inode.flags) {
                 moved.push((moving.entry.child, new_parent, new_name.to_vec()));
             }
-            let mut gone = vec![moving.entry.child];
+            let mut gone = Vec::new();
+            if tracking {
+                gone.push(moving.entry.child);
+            }
             if flags.exchange {
                 let Some((target_slot, target_entry)) = target else {
                     return fail(libc::ENOENT);
                 };
-                gone.push(target_entry.child);
+                if tracking {
+                    gone.push(target_entry.child);
+                }
                 if target_entry.kind == kind::FILE && cache(parent_inode.flags) {
                     moved.push((target_entry.child, parent, name.to_vec()));
                 }
                 exchange_entries(tx, &moving, name, target_slot, target_entry)?;
             } else {
-                if let Some((_, replaced)) = &target {
+                if let (Some((_, replaced)), true) = (&target, tracking) {
                     gone.push(replaced.child);
                 }
                 let target_open = target.as_ref().is_some_and(|(_, t)| self.is_open(t.child));
@@ -939,7 +953,7 @@ impl Filesystem {
             }
             Ok((gone, moved))
         })?;
-        if self.evicting.load(Ordering::Relaxed) {
+        if tracking {
             // Forgotten where they left (a file moved out of a cache, or replaced, is not
             // the cache's to drop), noted where they are if that is a cache (a rename
             // counts as a use).
