@@ -10,6 +10,14 @@
 //! only when used again, so one sequential scan of a large file cannot push out the nodes
 //! and chunks that are in use (a plain LRU, which this replaces, could). Weights are bytes.
 //!
+//! Nodes and extents have budgets of their own. A caller that fixes the extents' budget (the
+//! FUSE mount: the kernel's page cache holds file data) gets exactly that; otherwise (the
+//! library) the split follows use, as ARC splits its two lists: each cache remembers the
+//! keys it recently evicted (its *ghosts*), and a miss on a ghost says that a larger budget
+//! would have been a hit, so the budget moves toward that cache by the size of the entry.
+//! A proxy that keeps file data in its own memory finds few chunks twice and the tree of
+//! its files gets most of the budget; a reader of the same files again gets the data back.
+//!
 //! Extent entries need no invalidation: the key holds the device address, the stored and
 //! logical lengths, the codec and the checksum of the stored bytes, so a block reused for
 //! other data has another key. Node entries are keyed by address alone and removed by the
@@ -17,8 +25,10 @@
 
 use crate::format::node::Node;
 use crate::format::record::ExtentRef;
+use parking_lot::Mutex;
 use quick_cache::sync::Cache;
-use quick_cache::Weighter;
+use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -26,6 +36,85 @@ use std::sync::Arc;
 const ENTRY_OVERHEAD_BYTES: u64 = 96;
 /// Smallest budget: every shard must hold a few whole 64 KiB chunks.
 const BUDGET_BYTES_MIN: u64 = 4 << 20;
+/// With an adaptive split, neither side goes below this fraction of the whole.
+const SHARE_MIN_DIVISOR: u64 = 8;
+/// The split is moved once ghost hits ask for this fraction of the whole (so that one
+/// `set_capacity`, which visits every shard, serves many misses).
+const STEP_DIVISOR: u64 = 128;
+/// What a ghost hit asks for: about the weight of the entry that would have been a hit.
+const NODE_GHOST_BYTES: i64 = 16 << 10;
+const EXTENT_GHOST_BYTES: i64 = 64 << 10;
+
+/// Keys a cache evicted lately, at most `capacity` of them (oldest forgotten first).
+struct Ghosts {
+    keys: HashSet<u64>,
+    order: VecDeque<u64>,
+    capacity: usize,
+}
+
+impl Ghosts {
+    fn new(capacity: usize) -> Ghosts {
+        Ghosts {
+            keys: HashSet::new(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    fn add(&mut self, key: u64) {
+        if self.keys.insert(key) {
+            self.order.push_back(key);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.keys.remove(&old);
+            }
+        }
+    }
+
+    /// Whether `key` was evicted lately (and forgets it).
+    fn take(&mut self, key: u64) -> bool {
+        self.keys.remove(&key)
+    }
+}
+
+/// Notes evicted keys as ghosts (only while the split is adaptive).
+#[derive(Clone)]
+struct Remember(Option<Arc<Mutex<Ghosts>>>);
+
+impl<K: GhostKey, V> Lifecycle<K, V> for Remember {
+    type RequestState = ();
+
+    fn on_evict(&self, _state: &mut (), key: K, _value: V) {
+        if let Some(ghosts) = &self.0 {
+            ghosts.lock().add(key.ghost());
+        }
+    }
+}
+
+trait GhostKey {
+    fn ghost(&self) -> u64;
+}
+
+impl GhostKey for u64 {
+    fn ghost(&self) -> u64 {
+        *self
+    }
+}
+
+impl GhostKey for ExtentRef {
+    fn ghost(&self) -> u64 {
+        self.offset ^ self.checksum.rotate_left(23)
+    }
+}
+
+/// The budget split of an adaptive cache.
+struct Split {
+    total: u64,
+    node_bytes: u64,
+    /// Ghost hits not yet acted on: positive asks for nodes, negative for extents.
+    pressure: i64,
+}
 
 #[derive(Clone)]
 struct Bytes;
@@ -54,12 +143,18 @@ pub struct CacheStats {
     pub node_misses: u64,
     pub extent_hits: u64,
     pub extent_misses: u64,
+    /// The budget nodes have now (it moves when the split is adaptive).
+    pub node_budget_bytes: u64,
 }
 
 pub struct BlockCache {
-    nodes: Cache<u64, TidNode, Bytes>,
-    extents: Cache<ExtentRef, Arc<Vec<u8>>, Bytes>,
+    nodes: Cache<u64, TidNode, Bytes, DefaultHashBuilder, Remember>,
+    extents: Cache<ExtentRef, Arc<Vec<u8>>, Bytes, DefaultHashBuilder, Remember>,
     budget_bytes: u64,
+    /// None: the split is fixed.
+    split: Option<Mutex<Split>>,
+    node_ghosts: Remember,
+    extent_ghosts: Remember,
     node_hits: AtomicU64,
     node_misses: AtomicU64,
     extent_hits: AtomicU64,
@@ -69,19 +164,94 @@ pub struct BlockCache {
 impl BlockCache {
     /// A cache of `node_bytes` for nodes and `extent_bytes` for decoded extents.
     pub fn new(node_bytes: u64, extent_bytes: u64) -> BlockCache {
+        Self::build(node_bytes, extent_bytes, false)
+    }
+
+    /// A cache of `total_bytes` whose split between nodes and extents follows use (half
+    /// each to begin with).
+    pub fn adaptive(total_bytes: u64) -> BlockCache {
+        let total_bytes = total_bytes.max(2 * BUDGET_BYTES_MIN);
+        Self::build(total_bytes / 2, total_bytes - total_bytes / 2, true)
+    }
+
+    fn build(node_bytes: u64, extent_bytes: u64, adaptive: bool) -> BlockCache {
         let node_bytes = node_bytes.max(BUDGET_BYTES_MIN);
         let extent_bytes = extent_bytes.max(BUDGET_BYTES_MIN);
+        let total = node_bytes + extent_bytes;
         // Estimated entries: 16 KiB nodes, 64 KiB chunks.
         let nodes = (node_bytes / (16 << 10)).max(64) as usize;
         let extents = (extent_bytes / (64 << 10)).max(64) as usize;
+        // Ghosts: as many keys as the whole budget would hold of each kind.
+        let ghosts = |entry_bytes: u64| {
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "a count of entries in a memory budget"
+            )]
+            let capacity = (total / entry_bytes) as usize;
+            Remember(adaptive.then(|| Arc::new(Mutex::new(Ghosts::new(capacity)))))
+        };
+        let node_ghosts = ghosts(16 << 10);
+        let extent_ghosts = ghosts(64 << 10);
+        let hasher = DefaultHashBuilder::default;
         BlockCache {
-            nodes: Cache::with_weighter(nodes, node_bytes, Bytes),
-            extents: Cache::with_weighter(extents, extent_bytes, Bytes),
-            budget_bytes: node_bytes + extent_bytes,
+            nodes: Cache::with(nodes, node_bytes, Bytes, hasher(), node_ghosts.clone()),
+            extents: Cache::with(
+                extents,
+                extent_bytes,
+                Bytes,
+                hasher(),
+                extent_ghosts.clone(),
+            ),
+            budget_bytes: total,
+            split: adaptive.then(|| {
+                Mutex::new(Split {
+                    total,
+                    node_bytes,
+                    pressure: 0,
+                })
+            }),
+            node_ghosts,
+            extent_ghosts,
             node_hits: AtomicU64::new(0),
             node_misses: AtomicU64::new(0),
             extent_hits: AtomicU64::new(0),
             extent_misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes a miss on `key`; a ghost hit moves budget toward that cache.
+    fn missed(&self, ghosts: &Remember, key: u64, ask: i64) {
+        let (Some(split), Some(ghosts)) = (&self.split, &ghosts.0) else {
+            return;
+        };
+        if !ghosts.lock().take(key) {
+            return;
+        }
+        let mut split = split.lock();
+        split.pressure += ask;
+        #[expect(
+            clippy::cast_possible_wrap,
+            reason = "a memory budget is far below 2^63 bytes"
+        )]
+        let step = (split.total / STEP_DIVISOR) as i64;
+        if split.pressure.abs() < step {
+            return;
+        }
+        let least = split.total / SHARE_MIN_DIVISOR;
+        let wanted = split.node_bytes.saturating_add_signed(split.pressure);
+        let node_bytes = wanted.clamp(least, split.total - least);
+        split.pressure = 0;
+        if node_bytes == split.node_bytes {
+            return;
+        }
+        split.node_bytes = node_bytes;
+        // Shrink first, so that the two never hold more than the whole.
+        if node_bytes < self.nodes.capacity() {
+            self.nodes.set_capacity(node_bytes);
+            self.extents.set_capacity(split.total - node_bytes);
+        } else {
+            self.extents.set_capacity(split.total - node_bytes);
+            self.nodes.set_capacity(node_bytes);
         }
     }
 
@@ -93,6 +263,9 @@ impl BlockCache {
     pub fn node_with_tid(&self, address: u64) -> Option<TidNode> {
         let found = self.nodes.get(&address);
         count(&self.node_hits, &self.node_misses, found.is_some());
+        if found.is_none() {
+            self.missed(&self.node_ghosts, address, NODE_GHOST_BYTES);
+        }
         found
     }
 
@@ -108,6 +281,9 @@ impl BlockCache {
     pub fn extent(&self, extent: &ExtentRef) -> Option<Arc<Vec<u8>>> {
         let found = self.extents.get(extent);
         count(&self.extent_hits, &self.extent_misses, found.is_some());
+        if found.is_none() {
+            self.missed(&self.extent_ghosts, extent.ghost(), -EXTENT_GHOST_BYTES);
+        }
         found
     }
 
@@ -138,6 +314,7 @@ impl BlockCache {
             node_misses: self.node_misses.load(Ordering::Relaxed),
             extent_hits: self.extent_hits.load(Ordering::Relaxed),
             extent_misses: self.extent_misses.load(Ordering::Relaxed),
+            node_budget_bytes: self.nodes.capacity(),
         }
     }
 }
@@ -170,6 +347,87 @@ mod tests {
         assert!(cache.extent(&extent(8192, 2)).is_none());
         let stats = cache.stats();
         assert_eq!((stats.extent_hits, stats.extent_misses), (1, 1));
+    }
+
+    fn leaf(n: u64) -> Arc<Node> {
+        use crate::format::record::{Element, Key, Payload};
+        let elements = (0..40)
+            .map(|i| Element {
+                key: Key {
+                    obj: n,
+                    rtype: 1,
+                    key: i,
+                    create_tid: 1,
+                },
+                delete_tid: 0,
+                payload: Payload::Inline(vec![1; 200]),
+            })
+            .collect();
+        Arc::new(Node::Leaf(elements))
+    }
+
+    /// Reads `rounds` times through `nodes` nodes and `chunks` chunks, inserting what misses.
+    fn cycle(cache: &BlockCache, nodes: u64, chunks: u64, rounds: usize) {
+        for _ in 0..rounds {
+            for n in 0..nodes {
+                if cache.node(n * 16384).is_none() {
+                    cache.insert_node(n * 16384, leaf(n), 1);
+                }
+            }
+            for c in 0..chunks {
+                let e = ExtentRef {
+                    stored_bytes: 65536,
+                    logical_bytes: 65536,
+                    ..extent(c * 65536, c)
+                };
+                if cache.extent(&e).is_none() {
+                    cache.insert_extent(e, Arc::new(vec![0; 65536]));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_adaptive_split_follows_use() {
+        // A tree of about 19 MiB, more than the nodes' first share (16 MiB), read again and
+        // again, and file data read once: the nodes get the budget the tree needs.
+        let cache = BlockCache::adaptive(32 << 20);
+        let start = cache.stats().node_budget_bytes;
+        cycle(&cache, 2000, 0, 1);
+        for round in 0..6u64 {
+            cycle(&cache, 2000, 0, 1);
+            for c in 0..64u64 {
+                let e = ExtentRef {
+                    stored_bytes: 65536,
+                    logical_bytes: 65536,
+                    ..extent((1 << 30) + (round * 64 + c) * 65536, c)
+                };
+                cache.insert_extent(e, Arc::new(vec![0; 65536]));
+            }
+        }
+        let stats = cache.stats();
+        assert!(stats.node_budget_bytes > start + start / 8, "{stats:?}");
+        assert!(cache.memory_bytes() <= stats.budget_bytes, "{stats:?}");
+        let misses = stats.node_misses;
+        cycle(&cache, 2000, 0, 1);
+        assert!(
+            cache.stats().node_misses - misses < 200,
+            "{:?}",
+            cache.stats()
+        );
+        // Now file data read again and again, and no tree: the budget goes back.
+        let before = cache.stats().node_budget_bytes;
+        cycle(&cache, 0, 400, 8);
+        let after = cache.stats();
+        assert!(after.node_budget_bytes < before / 2, "{after:?}");
+        assert!(cache.memory_bytes() <= after.budget_bytes, "{after:?}");
+    }
+
+    #[test]
+    fn a_fixed_split_stays() {
+        let cache = BlockCache::new(8 << 20, 8 << 20);
+        cycle(&cache, 2000, 0, 4);
+        assert_eq!(cache.stats().node_budget_bytes, 8 << 20);
     }
 
     #[test]

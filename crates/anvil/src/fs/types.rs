@@ -132,8 +132,10 @@ pub struct StatFs {
 pub struct MountOptions {
     /// Memory for cached nodes, cached file data and pending changes.
     pub cache_bytes: u64,
-    /// At most this much of it holds decoded file data (None: a quarter). A FUSE mount
-    /// keeps it small: the kernel's page cache holds what was read or written through it.
+    /// At most this much of it holds decoded file data. A FUSE mount keeps it small: the
+    /// kernel's page cache holds what was read or written through it. None: the split
+    /// between tree nodes and file data follows use (a quarter of the budget each to begin
+    /// with, the other half bounding pending changes).
     pub data_cache_bytes: Option<u64>,
     /// Overwrites and deletes destroy old versions instead of keeping history.
     pub nohistory: bool,

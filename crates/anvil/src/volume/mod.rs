@@ -93,8 +93,9 @@ const CLUSTER_WINDOW_BYTES: u64 = 128 << 10;
 pub struct VolumeOptions {
     /// Memory budget for cached nodes, cached file data and pending changes.
     pub cache_bytes: u64,
-    /// Of the cache's half of that budget, what decoded file data may hold (None: half of
-    /// it). Small under a FUSE mount, where the kernel's page cache holds file data.
+    /// Of the cache's half of that budget, what decoded file data may hold. Small under a
+    /// FUSE mount, where the kernel's page cache holds file data. None: the split between
+    /// tree nodes and file data follows use (half each to begin with; see `cache.rs`).
     pub data_cache_bytes: Option<u64>,
     /// Overwrites and deletes destroy old versions instead of keeping history.
     pub nohistory: bool,
@@ -495,11 +496,13 @@ impl Volume {
     pub fn open(device: Arc<dyn Device>, options: VolumeOptions) -> Result<Arc<Volume>> {
         let mut sb = Self::read_superblock(&*device)?;
         let cached_bytes = options.cache_bytes / 2;
-        let data_bytes = options
-            .data_cache_bytes
-            .unwrap_or(cached_bytes / 2)
-            .min(cached_bytes);
-        let cache = BlockCache::new(cached_bytes - data_bytes, data_bytes);
+        let cache = match options.data_cache_bytes {
+            Some(data_bytes) => {
+                let data_bytes = data_bytes.min(cached_bytes);
+                BlockCache::new(cached_bytes - data_bytes, data_bytes)
+            }
+            None => BlockCache::adaptive(cached_bytes),
+        };
         let root = Root {
             address: sb.root_address,
             level: sb.root_level,
