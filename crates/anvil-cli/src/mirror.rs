@@ -206,8 +206,16 @@ fn daemon_job(
         let status: serde_json::Value =
             serde_json::from_str(&get_xattr(dir, MIRROR_XATTR)?).map_err(|e| e.to_string())?;
         let job = &status["job"];
-        let ours = job["path"].as_str() == Some(job_path.as_str());
-        if ours && job["running"] == false {
+        if job["path"].as_str() != Some(job_path.as_str()) {
+            // The daemon registers a job before it answers, and keeps it until the next
+            // one: a status without it comes from a daemon that replaced the one that ran
+            // it (killed and remounted), and would never report on it.
+            return Err(format!(
+                "{}: the mount's daemon was replaced while the job ran; run it again",
+                dir.display()
+            ));
+        }
+        if job["running"] == false {
             if let Some(error) = job["error"].as_str() {
                 // The pump may wait on a FIFO the daemon never opened: leave it.
                 return Err(format!("{}: {error}", dir.display()));

@@ -241,7 +241,17 @@ fn refused_and_interrupted_streams_leave_the_slave_as_it_was() {
     let _ = pipe.write_all(&stream[..stream.len() * 3 / 4]);
     slave.kill_daemon_and_remount("mirror-write in flight");
     drop(pipe);
-    let _ = child.wait();
+    // It ends, with an error, whether it saw the mount without a daemon or only the new
+    // daemon (which knows nothing of its job).
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("mirror-write did not end after its daemon was replaced");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!child.wait().unwrap().success());
     let s = text(slave.path());
     assert_eq!(status(&s)["last_tid"].as_u64().unwrap(), held);
     assert_eq!(tar_sum(slave.path(), "data", None), before);
