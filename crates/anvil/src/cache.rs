@@ -244,9 +244,10 @@ impl BlockCache {
         if node_bytes == split.node_bytes {
             return;
         }
+        let shrinking = node_bytes < split.node_bytes;
         split.node_bytes = node_bytes;
         // Shrink first, so that the two never hold more than the whole.
-        if node_bytes < self.nodes.capacity() {
+        if shrinking {
             self.nodes.set_capacity(node_bytes);
             self.extents.set_capacity(split.total - node_bytes);
         } else {
