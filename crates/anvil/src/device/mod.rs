@@ -8,12 +8,14 @@ mod fault;
 pub(crate) mod file;
 mod log;
 mod memory;
+pub mod store;
 
 pub use crash::{CrashDevice, CrashMode};
 pub use fault::{Fault, FaultDevice};
 pub use file::{FileDevice, IoMode};
 pub use log::{LogDevice, LogReader, LogRecord};
 pub use memory::{MemDevice, PageSpan, Pages};
+pub use store::{BlobStore, MemStore};
 
 use std::io;
 
