@@ -8,6 +8,7 @@ mod fault;
 pub(crate) mod file;
 mod log;
 mod memory;
+mod object;
 pub mod store;
 
 pub use crash::{CrashDevice, CrashMode};
@@ -15,6 +16,7 @@ pub use fault::{Fault, FaultDevice};
 pub use file::{FileDevice, IoMode};
 pub use log::{LogDevice, LogReader, LogRecord};
 pub use memory::{MemDevice, PageSpan, Pages};
+pub use object::{ObjectDevice, ObjectOptions, ObjectStats};
 pub use store::{BlobStore, MemStore};
 
 use std::io;

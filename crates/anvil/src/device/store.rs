@@ -50,7 +50,7 @@ pub struct MemStoreStats {
 
 /// An object store in memory. Clones share the objects, like two clients of one bucket.
 /// `fail_after` makes every request after the given number fail, as a store that went
-/// away; `honour_conditions(false)` makes `put_if_absent` overwrite, as Garage does.
+/// away, and `fail_next` the next few (an outage); `honour_conditions(false)` makes `put_if_absent` overwrite, as Garage does.
 #[derive(Clone)]
 pub struct MemStore {
     inner: Arc<MemInner>,
@@ -60,6 +60,7 @@ struct MemInner {
     objects: Mutex<BTreeMap<String, Arc<Vec<u8>>>>,
     conditional: std::sync::atomic::AtomicBool,
     fail_after: AtomicU64,
+    fail_next: AtomicU64,
     requests: AtomicU64,
     stats: MemStoreStats,
 }
@@ -77,6 +78,7 @@ impl MemStore {
                 objects: Mutex::new(BTreeMap::new()),
                 conditional: std::sync::atomic::AtomicBool::new(true),
                 fail_after: AtomicU64::new(u64::MAX),
+                fail_next: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
                 stats: MemStoreStats::default(),
             }),
@@ -94,6 +96,13 @@ impl MemStore {
         self.inner
             .fail_after
             .store(done.saturating_add(n), Ordering::SeqCst);
+    }
+
+    /// The next `n` requests fail, then the store answers again (an outage); also ends a
+    /// `fail_after`.
+    pub fn fail_next(&self, n: u64) {
+        self.inner.fail_after.store(u64::MAX, Ordering::SeqCst);
+        self.inner.fail_next.store(n, Ordering::SeqCst);
     }
 
     pub fn stats(&self) -> &MemStoreStats {
@@ -119,7 +128,14 @@ impl MemStore {
 
     fn request(&self) -> io::Result<()> {
         let n = self.inner.requests.fetch_add(1, Ordering::SeqCst);
-        if n >= self.inner.fail_after.load(Ordering::SeqCst) {
+        let outage = self
+            .inner
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if outage || n >= self.inner.fail_after.load(Ordering::SeqCst) {
             return Err(io::Error::other("the object store refused the request"));
         }
         Ok(())
