@@ -109,5 +109,8 @@ command -v cargo >/dev/null || die "cargo not found in PATH"
 install_apt_packages
 enable_fuse_uring
 install_cargo_tools
+# Garage, the object store the s3:// tests run against (cached machine-wide; 10-15 minutes
+# to build the first time).
+"$ROOT/scripts/garage.sh" install
 build_anvil
 log "done"

@@ -6,6 +6,7 @@ mod keeper;
 mod mirror;
 mod mount;
 mod replay;
+mod store;
 
 use anvil::device::{Device, FileDevice};
 use anvil::internals::Volume;
@@ -521,6 +522,11 @@ fn mkfs(
                 .ok_or_else(|| format!("--compression: expected none, lz4 or zstd, not {name:?}"))
         })
         .transpose()?;
+    if store::is_store(image) {
+        let bytes = requested.ok_or("--size is required for an object-store volume")?;
+        let device = store::create(image, bytes, force)?;
+        return format_volume(image, device, bytes, label, codec);
+    }
     let existed = image.exists();
     let device =
         FileDevice::create(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
@@ -540,7 +546,17 @@ fn mkfs(
     if device.is_block_device() && bytes > device.len().map_err(|e| e.to_string())? {
         return Err(format!("{} is smaller than {bytes} bytes", image.display()));
     }
-    let device: Arc<dyn anvil::device::Device> = Arc::new(device);
+    format_volume(image, Arc::new(device), bytes, label, codec)
+}
+
+/// Writes an empty volume on `device` (and the root's codec when one was asked for).
+fn format_volume(
+    image: &Path,
+    device: Arc<dyn Device>,
+    bytes: u64,
+    label: &str,
+    codec: Option<u8>,
+) -> Result<u8, String> {
     Filesystem::mkfs(device.clone(), bytes, label).map_err(|e| e.to_string())?;
     if let Some(codec) = codec {
         let options = MountOptions {
@@ -559,8 +575,18 @@ fn mkfs(
     Ok(0)
 }
 
-/// Opens an image read-only for inspection; refuses one a daemon has mounted.
+/// Opens an image read-only for inspection; refuses one a daemon has mounted. A volume on
+/// an object store is read as its writer last flushed it, mounted or not.
 fn open_for_inspection(image: &Path) -> Result<Filesystem, String> {
+    if store::is_store(image) {
+        let device = store::open(image, false, false, 64 << 20)?;
+        let options = MountOptions {
+            read_only: true,
+            commit_interval_ms: 0,
+            ..Default::default()
+        };
+        return Filesystem::open(device, options).map_err(|e| describe(image, &e));
+    }
     let device = FileDevice::open(image, false)
         .map_err(|e| format!("cannot open {}: {e}", image.display()))?;
     if !mount::try_lock_shared(device.file()) {
@@ -672,6 +698,19 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
     }
     if num("pending_bytes") > 0 {
         println!("pending:        {}", mib(num("pending_bytes")));
+    }
+    let store = |name: &str| value["device"][name].as_u64().unwrap_or(0);
+    if value["device"].get("store_segments").is_some() {
+        let (hits, misses) = (store("store_cache_hits"), store("store_cache_misses"));
+        println!(
+            "object store:   {} segments; {} uploaded in {} segments, {} pending; read {} (cache hit rate {:.1}%)",
+            store("store_segments"),
+            mib(store("store_uploaded_bytes")),
+            store("store_uploaded_segments"),
+            mib(store("store_pending_bytes")),
+            mib(store("store_fetched_bytes")),
+            100.0 * hits as f64 / (hits + misses).max(1) as f64
+        );
     }
     if num("evicted_files") > 0 {
         println!(

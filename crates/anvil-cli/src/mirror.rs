@@ -31,8 +31,12 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// `host:path` (no '/' before the colon, and not an existing local path) is remote.
+    /// `host:path` (no '/' before the colon, and not an existing local path) is remote; an
+    /// `s3://` volume is reached from here.
     pub fn parse(text: &str) -> Endpoint {
+        if text.starts_with(crate::store::SCHEME) {
+            return Endpoint::Local(PathBuf::from(text));
+        }
         match text.split_once(':') {
             Some((host, path))
                 if !host.is_empty() && !host.contains('/') && !Path::new(text).exists() =>
@@ -98,6 +102,16 @@ fn shell_quote(text: &str) -> String {
 }
 
 fn open_image(image: &Path, writable: bool) -> Result<Filesystem, String> {
+    let options = MountOptions {
+        read_only: !writable,
+        commit_interval_ms: 0,
+        ..Default::default()
+    };
+    if crate::store::is_store(image) {
+        // Claimed for writing (or read as last flushed); released when the volume closes.
+        let device = crate::store::open(image, writable, false, 64 << 20)?;
+        return Filesystem::open(device, options).map_err(|e| format!("{}: {e}", image.display()));
+    }
     let device = FileDevice::open_direct(image, writable)
         .map_err(|e| format!("cannot open {}: {e}", image.display()))?;
     let locked = match writable {
@@ -110,11 +124,6 @@ fn open_image(image: &Path, writable: bool) -> Result<Filesystem, String> {
             image.display()
         ));
     }
-    let options = MountOptions {
-        read_only: !writable,
-        commit_interval_ms: 0,
-        ..Default::default()
-    };
     Filesystem::open(Arc::new(device), options).map_err(|e| format!("{}: {e}", image.display()))
 }
 

@@ -197,7 +197,7 @@ pub fn run(image: &Path, dir: &Path, options: &[String], extras: Extras<'_>) -> 
     if resume_fd.is_none() && !dir.is_dir() {
         return Err(format!("mount point {} is not a directory", dir.display()));
     }
-    if !image.exists() {
+    if !image.exists() && !crate::store::is_store(image) {
         return Err(format!("{} does not exist", image.display()));
     }
     if config.writeback {
@@ -365,6 +365,54 @@ pub fn crash_log_file(image: &Path, dir: Option<&Path>) -> Option<std::path::Pat
     Some(dir.join(name))
 }
 
+/// The device a daemon serves: an image (locked against a second daemon) or a volume on an
+/// object store (claimed against a second writer anywhere); with its I/O mode (images) or
+/// itself (object stores, released at unmount). Sets the crash log's place.
+#[allow(clippy::type_complexity)]
+fn open_device(
+    image: &Path,
+    config: &mut Config,
+    resumed: bool,
+) -> Result<
+    (
+        Arc<dyn anvil::device::Device>,
+        Option<anvil::device::IoMode>,
+        Option<Arc<anvil::device::ObjectDevice>>,
+    ),
+    String,
+> {
+    let writable = !config.mount.read_only;
+    if crate::store::is_store(image) {
+        // Segments already read are cached by the device; the engine's cache holds the rest.
+        let cache = config.mount.cache_bytes / READ_AROUND_SHARE;
+        let device = crate::store::open(image, writable, resumed, cache)?;
+        if config.mount.crash_log {
+            let dir = config.crash_log_dir.as_deref();
+            config.mount.crash_log_file = Some(crate::store::crash_log_file(image, dir));
+        }
+        return Ok((device.clone(), None, Some(device)));
+    }
+    let opened = match config.direct_io {
+        true => FileDevice::open_direct(image, writable),
+        false => FileDevice::open(image, writable),
+    };
+    let device = opened.map_err(|e| format!("cannot open {}: {e}", image.display()))?;
+    let io_mode = device.io_mode();
+    device.set_read_around_bytes(config.mount.cache_bytes / READ_AROUND_SHARE);
+    // A daemon that died may not have released the image yet (its files close last).
+    let deadline = Instant::now() + Duration::from_secs(if resumed { 10 } else { 0 });
+    while !try_lock_exclusive(device.file()) {
+        if Instant::now() >= deadline {
+            return Err(format!("{} is already mounted or in use", image.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if config.mount.crash_log {
+        config.mount.crash_log_file = crash_log_file(image, config.crash_log_dir.as_deref());
+    }
+    Ok((Arc::new(device), Some(io_mode), None))
+}
+
 fn serve(
     image: &Path,
     dir: &Path,
@@ -405,33 +453,15 @@ fn serve(
         // Read-ahead must not take the CPU from workers that wait under SCHED_IDLE.
         config.mount.background_thread_start = Some(|| anvil_fuse::set_idle_policy(true));
     }
-    let opened = if config.direct_io {
-        FileDevice::open_direct(image, !config.mount.read_only)
-    } else {
-        FileDevice::open(image, !config.mount.read_only)
-    };
-    let device = match opened {
-        Ok(device) => device,
-        Err(e) => return startup_error(format!("cannot open {}: {e}", image.display())),
-    };
-    let io_mode = device.io_mode();
-    device.set_read_around_bytes(config.mount.cache_bytes / READ_AROUND_SHARE);
-    // A daemon that died may not have released the image yet (its files close last).
-    let deadline = Instant::now() + Duration::from_secs(if resume.is_some() { 10 } else { 0 });
-    while !try_lock_exclusive(device.file()) {
-        if Instant::now() >= deadline {
-            return startup_error(format!("{} is already mounted or in use", image.display()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let read_only = config.mount.read_only;
-    if config.mount.crash_log {
-        config.mount.crash_log_file = crash_log_file(image, config.crash_log_dir.as_deref());
-    }
+    let (device, io_mode, on_store) = match open_device(image, &mut config, resume.is_some()) {
+        Ok(opened) => opened,
+        Err(e) => return startup_error(e),
+    };
     let device: Arc<dyn anvil::device::Device> = match &config.device_log {
-        None => Arc::new(device),
+        None => device,
         Some(path) => match File::create(path) {
-            Ok(file) => Arc::new(anvil::device::LogDevice::new(Arc::new(device), file)),
+            Ok(file) => Arc::new(anvil::device::LogDevice::new(device, file)),
             Err(e) => return startup_error(format!("cannot create {}: {e}", path.display())),
         },
     };
@@ -440,8 +470,9 @@ fn serve(
         Err(e) => return startup_error(format!("{}: {e}", image.display())),
     };
     match io_mode {
-        anvil::device::IoMode::Direct => log::info!("device I/O: direct (O_DIRECT)"),
-        anvil::device::IoMode::Buffered(why) => {
+        None => log::info!("device I/O: segments of an object store"),
+        Some(anvil::device::IoMode::Direct) => log::info!("device I/O: direct (O_DIRECT)"),
+        Some(anvil::device::IoMode::Buffered(why)) => {
             log::info!("device I/O: through the host page cache ({why})")
         }
     }
@@ -483,6 +514,11 @@ fn serve(
         }
     };
     let closed = fs.close();
+    drop(fs);
+    if let Some(device) = on_store {
+        // The next writer need not wait a lease.
+        device.release();
+    }
     log::info!("unmounted {}", dir.display());
     if let Err(e) = served {
         return Err(format!("FUSE session ended with an error: {e}"));

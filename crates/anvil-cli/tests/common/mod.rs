@@ -30,6 +30,61 @@ pub const REQUIRE_FUSE_ENV: &str = "ANVIL_REQUIRE_FUSE";
 /// per transport with `transport=classic` and `transport=uring`).
 pub const TEST_MOUNT_OPTS_ENV: &str = "ANVIL_TEST_MOUNT_OPTS";
 
+/// An env file written by `scripts/garage.sh start` (`export NAME=value` lines): the
+/// object store the store tests use.
+pub const S3_TEST_ENV: &str = "ANVIL_S3_TEST_ENV";
+/// Environment variable that turns a missing object store into a test failure.
+pub const REQUIRE_S3_ENV: &str = "ANVIL_REQUIRE_S3";
+/// With `1`, every [`Mount`] makes its volume on the object store instead of an image
+/// (the test script runs the POSIX differential suite so).
+pub const TEST_ON_STORE_ENV: &str = "ANVIL_TEST_ON_STORE";
+
+/// The variables of the [`S3_TEST_ENV`] file, or why there are none.
+pub fn s3_env() -> Result<Vec<(String, String)>, String> {
+    let path = std::env::var(S3_TEST_ENV)
+        .map_err(|_| format!("no object store ({S3_TEST_ENV} names no env file)"))?;
+    let text = fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut vars: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
+        .collect();
+    // A writer that vanished is taken over after a second, not five.
+    vars.push(("ANVIL_S3_LEASE_MS".to_string(), "1000".to_string()));
+    Ok(vars)
+}
+
+/// The skip policy for tests that need the object store: its variables, or `None` after
+/// printing `SKIPPED` (a panic with `ANVIL_REQUIRE_S3=1`, which CI sets).
+pub fn s3_or_skip(test: &str) -> Option<Vec<(String, String)>> {
+    match s3_env() {
+        Ok(vars) => Some(vars),
+        Err(reason) => {
+            if std::env::var(REQUIRE_S3_ENV).is_ok_and(|v| v == "1") {
+                panic!("{test}: an object store is required ({REQUIRE_S3_ENV}=1): {reason}");
+            }
+            eprintln!("SKIPPED: {test}: {reason}");
+            None
+        }
+    }
+}
+
+/// A fresh address on the test bucket: `s3://BUCKET/test-...`.
+pub fn s3_address(vars: &[(String, String)]) -> PathBuf {
+    let bucket = vars
+        .iter()
+        .find(|(k, _)| k == "ANVIL_S3_BUCKET")
+        .map_or("anvil", |(_, v)| v.as_str());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    PathBuf::from(format!(
+        "s3://{bucket}/test-{}-{nanos:x}",
+        std::process::id()
+    ))
+}
+
 /// Image size used by [`Mount::new`].
 pub const DEFAULT_IMAGE_SIZE: &str = "2G";
 
@@ -92,6 +147,8 @@ pub struct Mount {
     image: PathBuf,
     mountpoint: PathBuf,
     options: Option<String>,
+    /// The object store's variables when the volume lives there (`image` is its address).
+    env: Vec<(String, String)>,
     mounted: bool,
     /// How many times the volume has been mounted, for log file names.
     generation: u32,
@@ -110,11 +167,27 @@ impl Mount {
 
     /// A fresh volume of `size`, mounted with `anvil mount -o options`.
     pub fn with_options(size: &str, options: Option<&str>) -> Mount {
+        let env = match std::env::var(TEST_ON_STORE_ENV).is_ok_and(|v| v == "1") {
+            true => s3_env().unwrap_or_else(|e| panic!("{TEST_ON_STORE_ENV}=1: {e}")),
+            false => Vec::new(),
+        };
+        Mount::make(size, options, env)
+    }
+
+    /// A fresh volume of `size` on the object store whose variables `env` holds.
+    pub fn on_store(size: &str, options: Option<&str>, env: Vec<(String, String)>) -> Mount {
+        Mount::make(size, options, env)
+    }
+
+    fn make(size: &str, options: Option<&str>, env: Vec<(String, String)>) -> Mount {
         let tmp = tempfile::Builder::new()
             .prefix("anvil-test-")
             .tempdir()
             .expect("create temporary directory");
-        let image = tmp.path().join("volume.img");
+        let image = match env.is_empty() {
+            true => tmp.path().join("volume.img"),
+            false => s3_address(&env),
+        };
         let mountpoint = tmp.path().join("mnt");
         fs::create_dir(&mountpoint).expect("create mount point");
         let mut mount = Mount {
@@ -122,6 +195,7 @@ impl Mount {
             image,
             mountpoint,
             options: options.map(str::to_string),
+            env,
             mounted: false,
             generation: 0,
         };
@@ -147,9 +221,24 @@ impl Mount {
         &self.mountpoint
     }
 
-    /// The image file backing the volume.
+    /// The image file backing the volume (or its address on the object store).
     pub fn image(&self) -> &Path {
         &self.image
+    }
+
+    /// Whether the volume lives on the object store.
+    pub fn on_a_store(&self) -> bool {
+        !self.env.is_empty()
+    }
+
+    /// The object store's variables (empty for an image).
+    pub fn store_env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// Runs `anvil args` with the volume's environment, as the harness runs its commands.
+    pub fn anvil<S: AsRef<OsStr>>(&self, label: &str, args: &[S]) -> CommandOutput {
+        self.run(label, ANVIL, args)
     }
 
     /// Whether the volume is mounted right now.
@@ -219,7 +308,7 @@ impl Mount {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert!(
-            wait_until_released(self.image(), Duration::from_secs(10)),
+            self.on_a_store() || wait_until_released(self.image(), Duration::from_secs(10)),
             "{what}: the killed daemon still holds the image"
         );
         let check = self.check();
@@ -376,6 +465,7 @@ impl Mount {
         let stderr_path = self.tmp.path().join(format!("{label}.stderr"));
         let mut child = Command::new(program)
             .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(File::create(&stdout_path).expect("create stdout log"))
             .stderr(File::create(&stderr_path).expect("create stderr log"))

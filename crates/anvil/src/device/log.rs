@@ -12,12 +12,12 @@ use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::sync::Arc;
 
-pub struct LogDevice<D: Device> {
+pub struct LogDevice<D: Device + ?Sized> {
     inner: Arc<D>,
     log: Mutex<BufWriter<File>>,
 }
 
-impl<D: Device> LogDevice<D> {
+impl<D: Device + ?Sized> LogDevice<D> {
     pub fn new(inner: Arc<D>, log: File) -> LogDevice<D> {
         LogDevice {
             inner,
@@ -26,7 +26,7 @@ impl<D: Device> LogDevice<D> {
     }
 }
 
-impl<D: Device> LogDevice<D> {
+impl<D: Device + ?Sized> LogDevice<D> {
     /// Runs a write on the inner device and, once it is accepted, records it.
     fn record_write(
         &self,
@@ -49,7 +49,10 @@ impl<D: Device> LogDevice<D> {
     }
 }
 
-impl<D: Device> Device for LogDevice<D> {
+impl<D: Device + ?Sized> Device for LogDevice<D> {
+    fn report(&self) -> Vec<(&'static str, u64)> {
+        self.inner.report()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }

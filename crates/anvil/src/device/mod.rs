@@ -57,6 +57,11 @@ pub trait Device: Send + Sync {
     /// A hint after a `flush`: the host may drop what it caches of staged writes to
     /// `[offset, offset + len)` (they are durable; reads of them go to the device).
     fn forget_staged(&self, _offset: u64, _len: u64) {}
+    /// What the device did since it was opened, as named counters for `anvil info` (an
+    /// object store's uploads and cache; nothing for local devices).
+    fn report(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// Barrier: every write that returned before this call is durable when it returns.
     fn flush(&self) -> io::Result<()>;
     /// Current length in bytes.

@@ -825,12 +825,12 @@ fn claim(store: &dyn BlobStore, options: &ObjectOptions, conditional: bool) -> i
                     .iter()
                     .filter(|(e, _)| *e == latest)
                     .find_map(|&(e, id)| store.get(&claim_key(e, id)).ok())
-                    .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+                    .map(|b| describe_claim(&String::from_utf8_lossy(&b)))
                     .unwrap_or_else(|| "another host".to_string());
                 return Err(io::Error::new(
                     io::ErrorKind::WouldBlock,
                     format!(
-                        "{} is mounted read-write by {owner}; unmount it there first (or mount --replica)",
+                        "{} is mounted read-write by {owner}; unmount it there first (or mount it with -o ro)",
                         store.describe()
                     ),
                 ));
@@ -843,7 +843,7 @@ fn claim(store: &dyn BlobStore, options: &ObjectOptions, conditional: bool) -> i
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown".to_string());
     let about = format!(
-        "host {host}, pid {}, since {} (unix)",
+        "host={host} pid={} since={}",
         std::process::id(),
         now_secs()
     );
@@ -881,6 +881,19 @@ fn compact(state: &mut State) {
         loc.seg = renumbered[loc.seg];
     }
     state.segments = kept;
+}
+
+/// A claim's `host=H pid=P since=T` as `host H, pid P, for N s`.
+fn describe_claim(text: &str) -> String {
+    let field = |name: &str| {
+        text.split_whitespace()
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or("?")
+    };
+    let age = field("since").parse::<u64>().map_or("?".to_string(), |t| {
+        now_secs().saturating_sub(t).to_string()
+    });
+    format!("host {}, pid {}, for {age} s", field("host"), field("pid"))
 }
 
 /// Reads the volume's map: the newest valid checkpoint, then every valid segment after it.
@@ -1413,6 +1426,21 @@ impl Device for ObjectDevice {
             shared.upload_pending(false)?;
         }
         Ok(())
+    }
+
+    fn report(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("store_epoch", s.epoch),
+            ("store_segments", s.segments),
+            ("store_uploaded_bytes", s.uploaded_bytes),
+            ("store_uploaded_segments", s.uploaded_segments),
+            ("store_pending_bytes", s.pending_bytes),
+            ("store_fetched_bytes", s.fetched_bytes),
+            ("store_cache_hits", s.cache_hits),
+            ("store_cache_misses", s.cache_misses),
+            ("store_deleted_objects", s.deleted_objects),
+        ]
     }
 
     fn flush(&self) -> io::Result<()> {

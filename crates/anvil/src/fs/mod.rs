@@ -650,6 +650,7 @@ impl Filesystem {
             read_only: self.volume.is_read_only(),
             evicted_files: self.evicted.0.load(Ordering::Relaxed),
             evicted_bytes: self.evicted.1.load(Ordering::Relaxed),
+            device: self.volume.device().report(),
         }
     }
 

@@ -202,6 +202,8 @@ pub struct VolumeInfo {
     /// their data held.
     pub evicted_files: u64,
     pub evicted_bytes: u64,
+    /// The device's own counters (`Device::report`): an object store's uploads and cache.
+    pub device: Vec<(&'static str, u64)>,
 }
 
 impl VolumeInfo {
@@ -214,7 +216,7 @@ impl VolumeInfo {
                 "\"data_bytes\":{},\"used_bytes\":{},\"free_bytes\":{},\"reserve_bytes\":{},",
                 "\"committed_tid\":{},\"commit_time_ns\":{},\"created_time_ns\":{},",
                 "\"objects_allocated\":{},\"objects\":{},\"pending_bytes\":{},\"cache_bytes\":{},",
-                "\"read_only\":{},\"evicted_files\":{},\"evicted_bytes\":{}}}"
+                "\"read_only\":{},\"evicted_files\":{},\"evicted_bytes\":{},\"device\":{{{}}}}}"
             ),
             escape(&self.label),
             self.volume_id,
@@ -232,7 +234,12 @@ impl VolumeInfo {
             self.cache_bytes,
             self.read_only,
             self.evicted_files,
-            self.evicted_bytes
+            self.evicted_bytes,
+            self.device
+                .iter()
+                .map(|(name, value)| format!("\"{name}\":{value}"))
+                .collect::<Vec<_>>()
+                .join(",")
         )
     }
 }

@@ -1,0 +1,210 @@
+//! Volumes on a real object store (a three-node Garage cluster started by
+//! `scripts/garage.sh`, named by `ANVIL_S3_TEST_ENV`): mount, remount and check; one writer
+//! at a time, also when two hosts race; a killed writer taken over; a store node stopped
+//! under a workload without the user seeing it.
+//!
+//! Without a store the tests print SKIPPED, unless `ANVIL_REQUIRE_S3=1` (CI sets it).
+
+mod common;
+
+use common::{s3_address, s3_or_skip, Mount, ANVIL};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn anvil(env: &[(String, String)], args: &[&str]) -> Output {
+    Command::new(ANVIL)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) {
+    let mut file = fs::File::create(path).unwrap();
+    file.write_all(bytes).unwrap();
+    file.sync_all().unwrap();
+}
+
+fn umount(dir: &Path) {
+    let status = Command::new("umount").arg(dir).status().unwrap();
+    assert!(status.success(), "umount {}", dir.display());
+    // The daemon releases the volume as it exits.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::daemon_pid(dir).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ready(test: &str) -> Option<Vec<(String, String)>> {
+    if !common::fuse_or_skip(test) {
+        return None;
+    }
+    s3_or_skip(test)
+}
+
+#[test]
+fn a_volume_on_the_store_mounts_remounts_and_checks() {
+    let Some(env) = ready("a_volume_on_the_store_mounts_remounts_and_checks") else {
+        return;
+    };
+    let mut mount = Mount::on_store("1G", None, env.clone());
+    let root = mount.path().to_path_buf();
+    fs::create_dir(root.join("d")).unwrap();
+    for i in 0..50 {
+        write_synced(
+            &root.join(format!("d/f{i}")),
+            format!("{i}").repeat(3000).as_bytes(),
+        );
+    }
+    let info = mount.anvil(
+        "info-mounted",
+        &[std::ffi::OsStr::new("info"), root.as_os_str()],
+    );
+    assert!(info.status.success(), "{info}");
+    assert!(info.stdout.contains("object store:"), "{info}");
+    // The store can be read while its writer is mounted: what the writer flushed.
+    let address = mount.image().to_str().unwrap().to_string();
+    let cat = anvil(&env, &["cat", &address, "/d/f7"]);
+    assert!(cat.status.success(), "{}", text(&cat));
+    assert_eq!(cat.stdout, "7".repeat(3000).as_bytes());
+    mount.remount();
+    assert_eq!(
+        fs::read(mount.path().join("d/f49")).unwrap(),
+        "49".repeat(3000).as_bytes()
+    );
+    mount.unmount();
+}
+
+#[test]
+fn one_writer_at_a_time_and_a_killed_one_is_taken_over() {
+    let Some(env) = ready("one_writer_at_a_time_and_a_killed_one_is_taken_over") else {
+        return;
+    };
+    // No keeper (classic transport): a killed daemon stays dead.
+    let mut mount = Mount::on_store("1G", Some("transport=classic"), env.clone());
+    write_synced(&mount.path().join("acked"), b"durable");
+    let address = mount.image().to_str().unwrap().to_string();
+    let other = tempfile::tempdir().unwrap();
+    let dir = other.path().to_str().unwrap();
+    let refused = anvil(&env, &["mount", &address, dir]);
+    assert!(!refused.status.success());
+    let said = text(&refused);
+    assert!(said.contains("mounted read-write by host"), "{said}");
+    assert_eq!(said.trim().lines().count(), 1, "one line: {said}");
+    // Read-only mounts are welcome beside the writer.
+    let ro = anvil(&env, &["mount", &address, dir, "-o", "ro"]);
+    assert!(ro.status.success(), "{}", text(&ro));
+    assert_eq!(fs::read(other.path().join("acked")).unwrap(), b"durable");
+    umount(other.path());
+
+    mount.kill_daemon("SIGKILL of the writer");
+    let started = Instant::now();
+    mount.mount_again();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(fs::read(mount.path().join("acked")).unwrap(), b"durable");
+    mount.unmount();
+}
+
+#[test]
+fn racing_mounts_never_give_two_writers() {
+    let Some(env) = ready("racing_mounts_never_give_two_writers") else {
+        return;
+    };
+    let address = s3_address(&env);
+    let address = address.to_str().unwrap();
+    let made = anvil(&env, &["mkfs", address, "--size", "1G"]);
+    assert!(made.status.success(), "{}", text(&made));
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    for round in 0..3 {
+        let results: Vec<Output> = std::thread::scope(|s| {
+            let racers: Vec<_> = dirs
+                .iter()
+                .map(|d| {
+                    let (env, dir) = (&env, d.path().to_str().unwrap().to_string());
+                    s.spawn(move || {
+                        anvil(env, &["mount", address, &dir, "-o", "transport=classic"])
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let won: Vec<&Path> = results
+            .iter()
+            .zip(&dirs)
+            .filter(|(out, _)| out.status.success())
+            .map(|(_, d)| d.path())
+            .collect();
+        assert!(won.len() <= 1, "round {round}: two writers mounted");
+        for (out, _) in results
+            .iter()
+            .zip(&dirs)
+            .filter(|(o, _)| !o.status.success())
+        {
+            let said = text(out);
+            assert!(
+                said.contains("mounted read-write") || said.contains("at the same time"),
+                "round {round}: {said}"
+            );
+        }
+        for dir in won {
+            write_synced(&dir.join(format!("round{round}")), b"x");
+            umount(dir);
+        }
+    }
+    let check = anvil(&env, &["check", address]);
+    assert!(check.status.success(), "{}", text(&check));
+}
+
+#[test]
+fn a_store_node_stopping_under_a_workload_is_not_seen() {
+    let Some(env) = ready("a_store_node_stopping_under_a_workload_is_not_seen") else {
+        return;
+    };
+    // The cluster's directory holds the env file; node 3 is not the one we talk to.
+    let cluster = PathBuf::from(std::env::var(common::S3_TEST_ENV).unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/garage.sh");
+    let garage = |what: &str| {
+        let out = Command::new(&script)
+            .args([what, cluster.to_str().unwrap(), "3"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "garage.sh {what}: {}", text(&out));
+    };
+    let mount = Mount::on_store("1G", None, env);
+    let root = mount.path().to_path_buf();
+    let mut node_down = false;
+    for i in 0..120 {
+        if i == 30 {
+            garage("stop-node");
+            node_down = true;
+        }
+        if i == 90 {
+            garage("start-node");
+            node_down = false;
+        }
+        let path = root.join(format!("f{i}"));
+        write_synced(&path, format!("file {i} ").repeat(500).as_bytes());
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            format!("file {i} ").repeat(500).as_bytes()
+        );
+    }
+    if node_down {
+        garage("start-node");
+    }
+    mount.unmount();
+}
