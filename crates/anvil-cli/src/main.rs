@@ -31,7 +31,8 @@ struct Cli {
 enum Command {
     /// Create a volume in an image file (sparse) or on a block device.
     Mkfs {
-        /// Image file or block device.
+        /// Image file, block device, or s3://BUCKET/PREFIX (endpoint and credentials from
+        /// the AWS_* environment variables).
         image: PathBuf,
         /// Volume size, e.g. 8G, 512M (default: the block device's size).
         #[arg(long)]
@@ -49,6 +50,8 @@ enum Command {
     },
     /// Mount a volume (in the background unless -f).
     Mount {
+        /// Image, block device, or s3://BUCKET/PREFIX (endpoint and credentials from the
+        /// AWS_* environment variables).
         image: PathBuf,
         dir: PathBuf,
         /// Options: ro, nohistory, cache=SIZE, commit_interval_ms=N, ttl_ms=N, threads=N,
@@ -68,6 +71,10 @@ enum Command {
         /// Record every device write and flush to this file, for `anvil replay-check`.
         #[arg(long)]
         device_log: Option<PathBuf>,
+        /// A read-only replica of an s3:// volume that another host writes: follows the
+        /// writer's commits (every second, `-o follow_ms=N`), or stays at `--as-of`.
+        #[arg(long)]
+        replica: bool,
         /// Take over this FUSE connection descriptor from a daemon that died (the keeper
         /// passes it; see keeper.rs).
         #[arg(long, hide = true)]
@@ -366,6 +373,7 @@ fn run(cli: Cli) -> Result<u8, String> {
             as_of,
             device_log,
             resume_fd,
+            replica,
         } => mount::run(
             &image,
             &dir,
@@ -376,6 +384,7 @@ fn run(cli: Cli) -> Result<u8, String> {
                 as_of: as_of.as_deref(),
                 device_log: device_log.as_deref(),
                 resume_fd,
+                replica,
             },
         ),
         Command::Keeper { fd, pipe } => keeper::run(fd, pipe),

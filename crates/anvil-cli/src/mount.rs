@@ -43,6 +43,9 @@ struct Config {
     noexec: bool,
     /// Where the crash log's file goes (`crash_log_dir=`); None: the default.
     crash_log_dir: Option<std::path::PathBuf>,
+    /// A replica following another host's writer (`--replica`), and how often it looks.
+    replica: bool,
+    follow: Duration,
 }
 
 /// How requests reach the daemon: `auto` takes io_uring when the kernel offers it.
@@ -78,6 +81,8 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         nodev: false,
         noexec: false,
         crash_log_dir: None,
+        replica: false,
+        follow: Duration::from_secs(1),
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -112,6 +117,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
             }
             "commit_interval_ms" => config.mount.commit_interval_ms = number(value)?.max(1),
             "ttl_ms" => config.ttl = Duration::from_millis(number(value)?),
+            "follow_ms" => config.follow = Duration::from_millis(number(value)?.max(10)),
             "writeback" => config.writeback = true,
             "nowriteback" => config.writeback = false,
             "threads" => config.threads = number(value)?.clamp(1, 64) as usize,
@@ -177,6 +183,8 @@ pub struct Extras<'a> {
     pub device_log: Option<&'a Path>,
     /// A connection to take over (see keeper.rs).
     pub resume_fd: Option<i32>,
+    /// A read-only replica of an object-store volume, following its writer.
+    pub replica: bool,
 }
 
 pub fn run(image: &Path, dir: &Path, options: &[String], extras: Extras<'_>) -> Result<u8, String> {
@@ -186,8 +194,19 @@ pub fn run(image: &Path, dir: &Path, options: &[String], extras: Extras<'_>) -> 
         as_of,
         device_log,
         resume_fd,
+        replica,
     } = extras;
     let mut config = parse_options(options)?;
+    if replica {
+        if !crate::store::is_store(image) {
+            return Err(format!(
+                "--replica follows a writer on another host: it needs an s3:// volume, not {}",
+                image.display()
+            ));
+        }
+        config.mount.read_only = true;
+        config.replica = true;
+    }
     if let Some(spec) = as_of {
         config.mount.read_only = true;
         config.as_of = Some(spec.to_string());
@@ -227,6 +246,9 @@ pub fn run(image: &Path, dir: &Path, options: &[String], extras: Extras<'_>) -> 
     }
     if let Some(path) = device_log {
         args.extend(["--device-log".into(), path.into()]);
+    }
+    if replica {
+        args.push("--replica".into());
     }
     spawn_daemon(&image.display().to_string(), dir, args)
 }
@@ -386,7 +408,8 @@ fn open_device(
         // Segments already read are cached by the device; the engine's cache holds the rest.
         let cache = config.mount.cache_bytes / READ_AROUND_SHARE;
         let device = crate::store::open(image, writable, resumed, cache)?;
-        if config.mount.crash_log {
+        // A read-only mount reads what the writer flushed, not another daemon's crash log.
+        if config.mount.crash_log && writable {
             let dir = config.crash_log_dir.as_deref();
             config.mount.crash_log_file = Some(crate::store::crash_log_file(image, dir));
         }
@@ -490,6 +513,9 @@ fn serve(
     if resume.is_some() {
         adapter = adapter.resumed();
     }
+    if config.replica {
+        adapter = adapter.replica();
+    }
     if let Some(spec) = &config.as_of {
         match fs.resolve_as_of(spec) {
             Ok(tid) => adapter = adapter.as_of(tid),
@@ -497,6 +523,14 @@ fn serve(
         }
     }
     let adapter = Arc::new(adapter);
+    // A replica follows its writer unless it stays at a TID.
+    let follower = match (config.replica, &config.as_of) {
+        (true, None) => match adapter.follow_every(config.follow) {
+            Ok(follower) => Some(follower),
+            Err(e) => return startup_error(format!("cannot start following the writer: {e}")),
+        },
+        _ => None,
+    };
     let fs_name = image.display().to_string();
     let served = match serve_backend(
         adapter,
@@ -513,6 +547,7 @@ fn serve(
             return startup_error(e);
         }
     };
+    drop(follower);
     let closed = fs.close();
     drop(fs);
     if let Some(device) = on_store {

@@ -208,3 +208,83 @@ fn a_store_node_stopping_under_a_workload_is_not_seen() {
     }
     mount.unmount();
 }
+
+/// The `current TID` line of `anvil info DIR`.
+fn current_tid(env: &[(String, String)], dir: &Path) -> String {
+    let out = anvil(env, &["info", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let info = String::from_utf8_lossy(&out.stdout).into_owned();
+    info.lines()
+        .find_map(|l| l.strip_prefix("current TID:"))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Every file under `root` with its bytes, by path relative to it.
+fn tree(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                todo.push(path);
+            } else {
+                let bytes = fs::read(&path).unwrap();
+                out.push((path.strip_prefix(root).unwrap().to_path_buf(), bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn two_replicas_follow_one_writer_to_identical_trees() {
+    let Some(env) = ready("two_replicas_follow_one_writer_to_identical_trees") else {
+        return;
+    };
+    let mount = Mount::on_store("1G", None, env.clone());
+    let address = mount.image().to_str().unwrap().to_string();
+    let replicas: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    for replica in &replicas {
+        let dir = replica.path().to_str().unwrap();
+        let out = anvil(
+            &env,
+            &["mount", &address, dir, "--replica", "-o", "follow_ms=200"],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let root = mount.path().to_path_buf();
+    for round in 0..3 {
+        fs::create_dir_all(root.join(format!("d{round}"))).unwrap();
+        for i in 0..20 {
+            let bytes = common::pattern(1000 + 997 * i, (round * 100 + i) as u64);
+            write_synced(&root.join(format!("d{round}/f{i}")), &bytes);
+        }
+        if round > 0 {
+            fs::remove_dir_all(root.join(format!("d{}", round - 1))).unwrap();
+        }
+        let sync = anvil(&env, &["synctid", root.to_str().unwrap()]);
+        assert!(sync.status.success(), "{}", text(&sync));
+        let writer_tid = current_tid(&env, &root);
+        let expected = tree(&root);
+        for replica in &replicas {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while current_tid(&env, replica.path()) != writer_tid {
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: the replica lags 20 s"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert_eq!(tree(replica.path()), expected, "round {round}");
+        }
+    }
+    // A replica refuses writes.
+    assert!(fs::write(replicas[0].path().join("nope"), b"x").is_err());
+    for replica in &replicas {
+        umount(replica.path());
+    }
+    mount.unmount();
+}

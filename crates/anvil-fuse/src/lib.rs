@@ -242,6 +242,25 @@ pub struct AnvilFuse {
     /// This daemon took over a connection from one that died (`devfuse`): the kernel may
     /// hold objects it looked up from the dead daemon, which `lookups` does not count.
     resumed: bool,
+    /// A replica of a volume written elsewhere: its tree changes under the kernel.
+    replica: bool,
+}
+
+/// A replica's follower (`AnvilFuse::follow_every`): stops when dropped.
+pub struct Follower {
+    stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.stop;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
 }
 
 impl AnvilFuse {
@@ -281,6 +300,7 @@ impl AnvilFuse {
             mirror_jobs: Arc::default(),
             counters: Counters::default(),
             resumed: false,
+            replica: false,
         }
     }
 
@@ -308,6 +328,48 @@ impl AnvilFuse {
     }
 
     /// Serves the volume as of `tid` (read-only) instead of its current state.
+    /// A read-only replica of a volume another host writes (`follow_every` moves it).
+    pub fn replica(mut self) -> AnvilFuse {
+        self.replica = true;
+        self
+    }
+
+    /// Every `interval`, moves the replica to its writer's newest commit and, when it moved,
+    /// drops what the kernel caches of every object it knows (names expire within the
+    /// replica's short TTL).
+    pub fn follow_every(&self, interval: Duration) -> std::io::Result<Follower> {
+        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let (fs, lookups, notifier) =
+            (self.fs.clone(), self.lookups.clone(), self.notifier.clone());
+        let stopping = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("anvil-follow".into())
+            .spawn(move || loop {
+                {
+                    let (lock, wake) = &*stopping;
+                    let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    let (stopped, _) = wake
+                        .wait_timeout_while(stopped, interval, |s| !*s)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *stopped {
+                        return;
+                    }
+                }
+                match fs.follow() {
+                    Ok(Some(tid)) => {
+                        log::debug!("replica at TID {tid:#x}");
+                        mirror::forget_cached_tree(&lookups, &notifier);
+                    }
+                    Ok(None) => {}
+                    Err(e) => log::warn!("replica cannot follow its writer yet: {e}"),
+                }
+            })?;
+        Ok(Follower {
+            stop,
+            handle: Some(handle),
+        })
+    }
+
     pub fn as_of(mut self, tid: u64) -> AnvilFuse {
         self.views = Views::as_of(tid);
         self
@@ -552,7 +614,7 @@ impl Backend for AnvilFuse {
     fn ttl(&self) -> Duration {
         // A slave's tree changes under the kernel with each mirrored stream: names must
         // not stay cached for long (attributes and pages are invalidated explicitly).
-        match self.fs.volume().is_slave() {
+        match self.replica || self.fs.volume().is_slave() {
             true => self.ttl.min(Duration::from_secs(1)),
             false => self.ttl,
         }

@@ -215,7 +215,10 @@ impl AnvilFuse {
 
 /// After a mirrored commit changed the tree under the kernel: drop what the kernel caches
 /// of every object it knows (entries expire within the slave's short TTL).
-fn forget_cached_tree(lookups: &Mutex<HashMap<u64, u64>>, notifier: &OnceLock<Notifier>) {
+pub(crate) fn forget_cached_tree(
+    lookups: &Mutex<HashMap<u64, u64>>,
+    notifier: &OnceLock<Notifier>,
+) {
     let Some(notifier) = notifier.get() else {
         return;
     };

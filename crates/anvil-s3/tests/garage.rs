@@ -74,11 +74,45 @@ fn open(vars: &[(String, String)], test: &str) -> S3Store {
     store
 }
 
-fn clean(store: &S3Store) {
-    for (key, _) in store.list("").unwrap() {
-        store.delete(&key).unwrap();
+/// The listing of `prefix` once it shows none of the `deleted` keys. Garage 2.5.0 may list a
+/// key for a moment after its DELETE returned: each node drops deleted entries before the
+/// node answering the LIST merges their replies, so a read quorum holding one node that has
+/// not applied the delete yet shows the key. A GET of such a key already says NotFound.
+fn list_after_deletes(store: &S3Store, prefix: &str, deleted: &[String]) -> Vec<(String, u64)> {
+    let started = std::time::Instant::now();
+    loop {
+        let listed = store.list(prefix).unwrap();
+        let stale: Vec<&String> = listed
+            .iter()
+            .map(|(k, _)| k)
+            .filter(|k| deleted.contains(k))
+            .collect();
+        if stale.is_empty() {
+            return listed;
+        }
+        for key in &stale {
+            let e = store.get(key).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotFound, "{key} was deleted: {e}");
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "deleted keys still listed after 5 s: {stale:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(store.list("").unwrap().is_empty());
+}
+
+fn clean(store: &S3Store) {
+    let keys: Vec<String> = store
+        .list("")
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    for key in &keys {
+        store.delete(key).unwrap();
+    }
+    assert!(list_after_deletes(store, "", &keys).is_empty());
 }
 
 fn assert_one_line(e: &io::Error) -> String {
@@ -178,7 +212,7 @@ fn objects_round_trip_with_exact_ranges_sorted_listings_and_deletes() {
         io::ErrorKind::NotFound
     );
     assert_eq!(
-        store.list("seg/").unwrap(),
+        list_after_deletes(&store, "seg/", &["seg/1".to_string()]),
         vec![("seg/2".to_string(), 100_000)]
     );
 
@@ -242,13 +276,8 @@ fn listings_page_past_a_thousand_keys_with_puts_from_many_threads() {
             });
         }
     });
-    let left = store.list("").unwrap();
-    assert!(
-        left.is_empty(),
-        "{} keys left after deleting: {:?}",
-        left.len(),
-        &left[..left.len().min(5)]
-    );
+    let deleted: Vec<String> = keys.into_iter().map(|(k, _)| k).collect();
+    assert!(list_after_deletes(&store, "", &deleted).is_empty());
 }
 
 #[test]

@@ -62,6 +62,11 @@ pub trait Device: Send + Sync {
     fn report(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
+    /// A read-only device whose writer is elsewhere (an object store's replica): picks up
+    /// what that writer flushed since. Returns whether anything changed.
+    fn refresh(&self) -> io::Result<bool> {
+        Ok(false)
+    }
     /// Barrier: every write that returned before this call is durable when it returns.
     fn flush(&self) -> io::Result<()>;
     /// Current length in bytes.

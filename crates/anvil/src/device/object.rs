@@ -571,6 +571,43 @@ struct State {
     uploading: RangeMap<Written>,
     next_seq: u64,
     last_checkpoint: u64,
+    /// The highest epoch among the segments the map was built from (a reader reloads when
+    /// a higher one voids what it applied).
+    top_epoch: u64,
+}
+
+impl State {
+    /// Points the map at segment `(seq, epoch)` of `bytes` bytes, whose header is `header`.
+    /// Returns the segment's index.
+    fn apply(&mut self, epoch: u64, bytes: u64, header: &SegmentHeader) -> usize {
+        let ix = self.segments.len();
+        self.segments.push(Segment {
+            seq: header.seq,
+            epoch,
+            bytes,
+            live: 0,
+            gone: false,
+        });
+        let State { map, segments, .. } = self;
+        let mut at = header.header_len();
+        for &(offset, len) in &header.ranges {
+            if len > 0 {
+                map.insert(
+                    offset,
+                    offset + u64::from(len),
+                    Loc { seg: ix, at },
+                    |lo, hi, old| {
+                        segments[old.seg].live -= hi - lo;
+                    },
+                );
+                segments[ix].live += u64::from(len);
+            }
+            at += u64::from(len);
+        }
+        self.next_seq = header.seq + 1;
+        self.top_epoch = self.top_epoch.max(epoch);
+        ix
+    }
 }
 
 #[derive(Default)]
@@ -723,13 +760,40 @@ impl ObjectDevice {
         if shared.options.writable {
             return Ok(false);
         }
-        let fresh = load(&*shared.store)?;
-        let mut state = shared.state.write();
-        let changed = fresh.next_seq != state.next_seq;
-        if changed {
-            *state = fresh;
+        let store = &*shared.store;
+        let listed = list_segments(store)?;
+        let pairs: Vec<(u64, u64)> = listed.iter().map(|&(s, e, _)| (s, e)).collect();
+        let valid = valid_pairs(&pairs);
+        let (next_seq, top_epoch) = {
+            let state = shared.state.read();
+            (state.next_seq, state.top_epoch)
+        };
+        // A new writer voided segments this map holds: read the map again.
+        if listed
+            .iter()
+            .any(|&(s, e, _)| e > top_epoch && s < next_seq)
+        {
+            let fresh = load(store)?;
+            *shared.state.write() = fresh;
+            return Ok(true);
         }
-        Ok(changed)
+        let mut fresh: Vec<(u64, u64, u64)> = listed
+            .into_iter()
+            .filter(|&(s, e, _)| s >= next_seq && valid(s, e))
+            .collect();
+        fresh.sort_unstable();
+        let mut headers = Vec::with_capacity(fresh.len());
+        for &(seq, epoch, size) in &fresh {
+            headers.push((epoch, size, read_segment_header(store, seq, epoch, size)?));
+        }
+        let mut state = shared.state.write();
+        if state.next_seq != next_seq {
+            return Ok(false);
+        }
+        for (epoch, size, header) in &headers {
+            state.apply(*epoch, *size, header);
+        }
+        Ok(!headers.is_empty())
     }
 
     pub fn stats(&self) -> ObjectStats {
@@ -898,11 +962,7 @@ fn describe_claim(text: &str) -> String {
 
 /// Reads the volume's map: the newest valid checkpoint, then every valid segment after it.
 fn load(store: &dyn BlobStore) -> io::Result<State> {
-    let listed: Vec<(u64, u64, u64)> = store
-        .list("seg/")?
-        .iter()
-        .filter_map(|(k, size)| parse_pair(k, "seg").map(|(s, e)| (s, e, *size)))
-        .collect();
+    let listed = list_segments(store)?;
     let pairs: Vec<(u64, u64)> = listed.iter().map(|&(s, e, _)| (s, e)).collect();
     let valid = valid_pairs(&pairs);
     let newest = store
@@ -911,13 +971,13 @@ fn load(store: &dyn BlobStore) -> io::Result<State> {
         .filter_map(|(k, _)| parse_pair(k, "ckpt"))
         .filter(|&(s, e)| valid(s, e))
         .max();
-    let (mut segments, mut map, base) = match newest {
+    let (mut segments, map, base, top_epoch) = match newest {
         Some((seq, epoch)) => {
             let key = checkpoint_key(seq, epoch);
             let (segments, map) = decode_checkpoint(&store.get(&key)?, &key)?;
-            (segments, map, seq)
+            (segments, map, seq, epoch)
         }
-        None => (Vec::new(), RangeMap::new(), 0),
+        None => (Vec::new(), RangeMap::new(), 0, 0),
     };
     // Segments the checkpoint names that the listing lacks were reclaimed: every byte the
     // map finds in them was written again later, by segments read below.
@@ -931,51 +991,54 @@ fn load(store: &dyn BlobStore) -> io::Result<State> {
         .filter(|&(s, e, _)| s > base && valid(s, e))
         .collect();
     after.sort_unstable();
-    let mut next_seq = base + 1;
-    for (seq, epoch, size) in after {
-        let key = segment_key(seq, epoch);
-        let header = read_header(store, &key, size)?;
-        if header.seq != seq || header.epoch != epoch {
-            return Err(invalid(format!(
-                "segment {key} names itself {}-{}",
-                header.seq, header.epoch
-            )));
-        }
-        let ix = segments.len();
-        let mut at = header.header_len();
-        for &(offset, len) in &header.ranges {
-            if len > 0 {
-                map.insert(
-                    offset,
-                    offset + u64::from(len),
-                    Loc { seg: ix, at },
-                    |_, _, _| {},
-                );
-            }
-            at += u64::from(len);
-        }
-        segments.push(Segment {
-            seq,
-            epoch,
-            bytes: size,
-            live: 0,
-            gone: false,
-        });
-        next_seq = seq + 1;
-    }
-    next_seq = next_seq.max(listed.iter().map(|&(s, _, _)| s + 1).max().unwrap_or(1));
     for (start, end, loc) in map.iter() {
         segments[loc.seg].live += end - start;
     }
-    Ok(State {
+    let mut state = State {
         map,
         segments,
         dirty: RangeMap::new(),
         dirty_bytes: 0,
         uploading: RangeMap::new(),
-        next_seq,
+        next_seq: base + 1,
         last_checkpoint: base,
-    })
+        top_epoch,
+    };
+    for (seq, epoch, size) in after {
+        let header = read_segment_header(store, seq, epoch, size)?;
+        state.apply(epoch, size, &header);
+    }
+    // Numbers past the newest valid segment were used by void ones: never again.
+    let listed_next = listed.iter().map(|&(s, _, _)| s + 1).max().unwrap_or(1);
+    state.next_seq = state.next_seq.max(listed_next);
+    Ok(state)
+}
+
+/// Every segment listed, as (seq, epoch, object bytes).
+fn list_segments(store: &dyn BlobStore) -> io::Result<Vec<(u64, u64, u64)>> {
+    Ok(store
+        .list("seg/")?
+        .iter()
+        .filter_map(|(k, size)| parse_pair(k, "seg").map(|(s, e)| (s, e, *size)))
+        .collect())
+}
+
+/// Segment `(seq, epoch)`'s header, checked against its name.
+fn read_segment_header(
+    store: &dyn BlobStore,
+    seq: u64,
+    epoch: u64,
+    size: u64,
+) -> io::Result<SegmentHeader> {
+    let key = segment_key(seq, epoch);
+    let header = read_header(store, &key, size)?;
+    if header.seq != seq || header.epoch != epoch {
+        return Err(invalid(format!(
+            "segment {key} names itself {}-{}",
+            header.seq, header.epoch
+        )));
+    }
+    Ok(header)
 }
 
 fn read_header(store: &dyn BlobStore, key: &str, size: u64) -> io::Result<SegmentHeader> {
@@ -1091,27 +1154,9 @@ impl Shared {
         let mut state = self.state.write();
         match result {
             Ok(header) => {
-                let ix = state.segments.len();
                 let bytes = header.header_len() + pieces.iter().map(|(s, e, _)| e - s).sum::<u64>();
-                state.segments.push(Segment {
-                    seq,
-                    epoch: self.epoch,
-                    bytes,
-                    live: 0,
-                    gone: false,
-                });
-                let State { map, segments, .. } = &mut *state;
-                let mut at = header.header_len();
-                for &(offset, len) in &header.ranges {
-                    let end = offset + u64::from(len);
-                    map.insert(offset, end, Loc { seg: ix, at }, |lo, hi, old| {
-                        segments[old.seg].live -= hi - lo;
-                    });
-                    segments[ix].live += u64::from(len);
-                    at += u64::from(len);
-                }
+                let ix = state.apply(self.epoch, bytes, &header);
                 state.uploading = RangeMap::new();
-                state.next_seq = seq + 1;
                 let counters = &self.counters;
                 counters.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
                 counters.uploaded_segments.fetch_add(1, Ordering::Relaxed);
@@ -1426,6 +1471,10 @@ impl Device for ObjectDevice {
             shared.upload_pending(false)?;
         }
         Ok(())
+    }
+
+    fn refresh(&self) -> io::Result<bool> {
+        ObjectDevice::refresh(self)
     }
 
     fn report(&self) -> Vec<(&'static str, u64)> {

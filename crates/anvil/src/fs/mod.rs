@@ -654,6 +654,12 @@ impl Filesystem {
         }
     }
 
+    /// A read-only replica of a volume another host writes (on an object store): moves to
+    /// that writer's newest commit. Returns the committed TID when it moved.
+    pub fn follow(&self) -> Result<Option<u64>> {
+        self.volume.follow()
+    }
+
     pub fn statfs(&self) -> StatFs {
         let usage = self.volume.usage();
         let blocks = usage.data_bytes / BLOCK_BYTES;

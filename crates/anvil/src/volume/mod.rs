@@ -637,6 +637,47 @@ impl Volume {
         Ok(volume)
     }
 
+    /// A read-only volume whose writer is elsewhere (a replica of an object-store volume):
+    /// moves to the writer's newest commit and replays what it logged since, after the
+    /// device picked up what the writer flushed (`Device::refresh`). Returns the committed
+    /// TID when it moved, None when nothing changed.
+    ///
+    /// Reads in flight finish on the root they started with; the writer may reuse the space
+    /// of nodes its newer commits freed, so such a read can fail its checksum (an error for
+    /// that read, never wrong bytes).
+    pub fn follow(&self) -> Result<Option<u64>> {
+        if !self.is_read_only() {
+            return Err(Error::Invalid(
+                "only a read-only volume follows another writer".to_string(),
+            ));
+        }
+        if !self.device.refresh()? {
+            return Ok(None);
+        }
+        let sb = Self::read_superblock(&*self.device)?;
+        {
+            // Logged changes are replayed below on a fresh overlay, also when only they moved.
+            let mut state = self.state.lock();
+            state.root = Arc::new(RootRef {
+                root: Root {
+                    address: sb.root_address,
+                    level: sb.root_level,
+                },
+                tid: sb.committed_tid,
+                release: Mutex::new(Vec::new()),
+                space: self.space.clone(),
+            });
+            state.active = Overlay::new(sb.next_tid);
+            state.next_obj = sb.next_obj;
+            state.live_objects = sb.live_objects;
+            state.superblock = sb;
+        }
+        // Addresses the writer freed may hold other nodes and extents now.
+        self.cache.clear();
+        self.replay_log()?;
+        Ok(Some(self.state.lock().superblock.committed_tid))
+    }
+
     /// Replays the redo log into the active overlay: from the superblock's `log_start`, the
     /// batches of its epoch and salt in sequence order, then those of an epoch that was being
     /// committed if its first batch follows exactly the ones replayed. Stops at the first

@@ -342,3 +342,46 @@ fn a_filesystem_lives_on_an_object_store_across_a_crash() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     fs.close().unwrap();
 }
+
+#[test]
+fn a_replica_follows_its_writer_commit_by_commit() {
+    let (_store, shared) = volume(256 << 20);
+    let writer_options = MountOptions {
+        commit_interval_ms: 0,
+        ..Default::default()
+    };
+    let device = Arc::new(ObjectDevice::open(shared.clone(), writer()).unwrap());
+    Filesystem::mkfs(device.clone(), 256 << 20, "s3").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, writer_options).unwrap();
+    fs.write_file("/a", b"first").unwrap();
+    fs.sync().unwrap();
+    let replica_options = MountOptions {
+        read_only: true,
+        commit_interval_ms: 0,
+        ..Default::default()
+    };
+    let replica_device = Arc::new(ObjectDevice::open(shared, reader()).unwrap());
+    let replica = Filesystem::open(replica_device as Arc<dyn Device>, replica_options).unwrap();
+    assert_eq!(replica.read_file("/a").unwrap(), b"first");
+    assert_eq!(replica.follow().unwrap(), None, "nothing new");
+    for round in 0..20u32 {
+        // Files replaced every round: the writer frees and reuses space the replica read.
+        fs.remove_path("/a").unwrap();
+        fs.write_file("/a", format!("round {round}").repeat(100).as_bytes())
+            .unwrap();
+        fs.write_file(&format!("/r{round}"), &round.to_le_bytes())
+            .unwrap();
+        let tid = fs.sync().unwrap();
+        assert_eq!(replica.follow().unwrap(), Some(tid));
+        assert_eq!(
+            replica.read_file("/a").unwrap(),
+            format!("round {round}").repeat(100).as_bytes()
+        );
+        assert_eq!(
+            replica.read_file(&format!("/r{round}")).unwrap(),
+            round.to_le_bytes()
+        );
+    }
+    assert!(replica.write_file("/x", b"no").is_err());
+    fs.close().unwrap();
+}
