@@ -69,6 +69,14 @@ const SEGMENT_MAGIC: &[u8; 8] = b"ANVLSEG1";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"ANVLCKP1";
 /// A checkpoint after this many segments bounds what opening reads.
 const CHECKPOINT_EVERY: u64 = 64;
+/// Every this many segments, sparse ones are repacked (`Shared::repack`)...
+const REPACK_EVERY: u64 = 16;
+/// ...except the newest this many (their bytes are likely to be rewritten soon)...
+const REPACK_SPARE_RECENT: u64 = 16;
+/// ...when under half of them is live or they are smaller than this...
+const REPACK_SMALL_BYTES: u64 = 1 << 20;
+/// ...copying at most this much at a time.
+const REPACK_BYTES: u64 = 16 << 20;
 /// Segment bytes are fetched and cached in pieces of this size.
 const PIECE_BYTES: u64 = 256 << 10;
 /// The first read of a segment's header fetches this much.
@@ -829,9 +837,19 @@ impl ObjectDevice {
         if !shared.options.writable || shared.fenced.load(Ordering::SeqCst) {
             return;
         }
+        // Writes left over (a repack's copies, writes the engine never flushed) go up first:
+        // a device may make any write durable early.
+        for _ in 0..3 {
+            if shared.state.read().dirty_bytes == 0 {
+                break;
+            }
+            if let Err(e) = shared.upload_pending(false) {
+                log::warn!("{}: {e}", shared.describe());
+                break;
+            }
+        }
         if shared.state.read().dirty_bytes > 0 {
-            log::warn!(
-                "{}: released with unflushed writes; the next writer waits a lease",
+            log::warn!("{}: released with unflushed writes; the next writer waits a lease",
                 shared.store.describe()
             );
             return;
@@ -1173,6 +1191,14 @@ impl Shared {
                     Some(Err(e)) => log::warn!("{}: no checkpoint: {e}", self.describe()),
                     None => {}
                 }
+                if seq % REPACK_EVERY == 0 {
+                    if let Err(e) = self.repack() {
+                        log::warn!(
+                            "{}: repacking segments failed (tried again later): {e}",
+                            self.describe()
+                        );
+                    }
+                }
                 Ok(())
             }
             Err(e) => {
@@ -1221,6 +1247,81 @@ impl Shared {
             self.check_fence()?;
         }
         Ok(header)
+    }
+
+    /// Copies what the map still finds in sparse segments (under half live, or small) into
+    /// the writes of the next upload, which makes them dead and so deleted: space the
+    /// engine rewrote elsewhere comes back, and many small segments become one. Runs after
+    /// an upload, outside the upload lock's critical work: a piece the engine wrote again
+    /// meanwhile is left alone.
+    fn repack(&self) -> io::Result<()> {
+        let (victims, segments) = {
+            let state = self.state.read();
+            let recent = state.next_seq.saturating_sub(REPACK_SPARE_RECENT);
+            let mut sparse: Vec<(u64, usize)> = state
+                .segments
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.gone && s.live > 0 && s.seq < recent)
+                .filter(|(_, s)| s.live * 2 < s.bytes || s.bytes < REPACK_SMALL_BYTES)
+                .map(|(ix, s)| (s.live, ix))
+                .collect();
+            sparse.sort_unstable();
+            let mut budget = REPACK_BYTES;
+            let chosen: std::collections::HashSet<usize> = sparse
+                .into_iter()
+                .take_while(|&(live, _)| match budget.checked_sub(live) {
+                    Some(left) => {
+                        budget = left;
+                        true
+                    }
+                    None => false,
+                })
+                .map(|(_, ix)| ix)
+                .collect();
+            // One small segment alone gains nothing from being copied.
+            if chosen.len() < 2 {
+                return Ok(());
+            }
+            let victims: Vec<(u64, u64, Loc)> = state
+                .map
+                .iter()
+                .filter(|(_, _, loc)| chosen.contains(&loc.seg))
+                .map(|(s, e, loc)| (s, e, *loc))
+                .collect();
+            let segments: Vec<Segment> = victims
+                .iter()
+                .map(|(_, _, loc)| state.segments[loc.seg].clone())
+                .collect();
+            (victims, segments)
+        };
+        let mut copies = Vec::with_capacity(victims.len());
+        for (piece, segment) in victims.iter().zip(&segments) {
+            let (start, end, _) = *piece;
+            let mut bytes = vec![0u8; in_memory(end - start)];
+            self.read_stored(
+                &mut bytes,
+                start,
+                std::slice::from_ref(piece),
+                std::slice::from_ref(segment),
+            )?;
+            copies.push(bytes);
+        }
+        let mut state = self.state.write();
+        for ((start, end, loc), bytes) in victims.into_iter().zip(copies) {
+            let unchanged = state.map.pieces(start, end) == [(start, end, loc)]
+                && state.dirty.pieces(start, end).is_empty()
+                && state.uploading.pieces(start, end).is_empty();
+            if unchanged {
+                let written = Written {
+                    bytes: Arc::new(bytes),
+                    at: 0,
+                };
+                state.dirty.insert(start, end, written, |_, _, _| {});
+                state.dirty_bytes += end - start;
+            }
+        }
+        Ok(())
     }
 
     /// Segments none of whose bytes the map points at any more (never the newest).

@@ -385,3 +385,28 @@ fn a_replica_follows_its_writer_commit_by_commit() {
     assert!(replica.write_file("/x", b"no").is_err());
     fs.close().unwrap();
 }
+
+#[test]
+fn small_and_sparse_segments_are_repacked_into_fewer() {
+    let (store, shared) = volume(64 << 20);
+    let device = ObjectDevice::open(shared.clone(), writer()).unwrap();
+    // 200 fsyncs of one block each: 200 small segments, unless repacked.
+    for round in 0..200u64 {
+        device.write_at(&[round as u8; 4096], round * 4096).unwrap();
+        if round % 3 == 0 && round > 0 {
+            // Half-dead segments too: a block written again elsewhere.
+            device.write_at(&[0xaa; 4096], (round - 1) * 4096).unwrap();
+        }
+        device.flush().unwrap();
+    }
+    let segments = segment_count(&store);
+    assert!(segments < 60, "{segments} segments after 200 flushes");
+    device.release();
+    drop(device);
+    let again = ObjectDevice::open(shared, reader()).unwrap();
+    for round in 0..200u64 {
+        let rewritten = round % 3 == 2 && round + 1 < 200;
+        let expect = if rewritten { 0xaa } else { round as u8 };
+        assert_eq!(read(&again, round * 4096, 4096), vec![expect; 4096], "block {round}");
+    }
+}
