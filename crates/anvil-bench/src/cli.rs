@@ -63,7 +63,7 @@ pub struct RunArgs {
     #[arg(value_name = "WORKLOADS")]
     pub workloads: String,
     /// File systems to build, each on its own loop device of --size:
-    /// anvil, anvil-lib (in-process library), ext4, xfs, btrfs, btrfs-zstd, zfs-fuse, tmpfs.
+    /// anvil, anvil-lib (in-process library), anvil-s3 (on the object store that the AWS_* variables and ANVIL_S3_BUCKET name), ext4, xfs, btrfs, btrfs-zstd, zfs-fuse, tmpfs.
     #[arg(long = "fs", value_name = "LIST")]
     pub fs: Option<String>,
     /// Also (or only) run in a fresh subdirectory of this mounted directory.

@@ -28,6 +28,7 @@ pub const FS_NAMES: &[&str] = &[
     "anvil-nohistory",
     "anvil-zstd",
     "anvil-lib",
+    "anvil-s3",
     "ext4",
     "xfs",
     "btrfs",
@@ -49,6 +50,9 @@ pub enum Kind {
     /// anvil made with `mkfs --compression zstd`.
     AnvilZstd,
     AnvilLib,
+    /// anvil mounted from an S3-compatible object store: the one the AWS_* environment
+    /// names (endpoint, credentials), in bucket ANVIL_S3_BUCKET (`scripts/garage.sh`).
+    AnvilS3,
     Tmpfs,
     Dir(PathBuf),
 }
@@ -85,6 +89,7 @@ pub fn parse_targets(fs_list: Option<&str>, dirs: &[PathBuf]) -> Result<Vec<Targ
             "anvil-nohistory" => Kind::AnvilNoHistory,
             "anvil-zstd" => Kind::AnvilZstd,
             "anvil-lib" => Kind::AnvilLib,
+            "anvil-s3" => Kind::AnvilS3,
             "tmpfs" => Kind::Tmpfs,
             _ => {
                 return fail(format!(
@@ -300,6 +305,21 @@ fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<()> {
 }
 
 /// Mount points strictly below `dir`, from /proc/self/mounts.
+/// A fresh volume address for an anvil-s3 target: `s3://$ANVIL_S3_BUCKET/bench-LABEL-TIME`.
+fn s3_address(label: &str) -> Result<String> {
+    let bucket = std::env::var("ANVIL_S3_BUCKET").unwrap_or_default();
+    if bucket.is_empty() || std::env::var_os("AWS_ENDPOINT_URL").is_none() {
+        return fail(
+            "anvil-s3 needs an object store: `scripts/garage.sh start DIR` and `. DIR/env` \
+             first (ANVIL_S3_BUCKET and AWS_ENDPOINT_URL are not set)",
+        );
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(format!("s3://{bucket}/bench-{label}-{secs}"))
+}
+
 fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     let Ok(text) = fs::read_to_string("/proc/self/mounts") else {
         return Vec::new();
@@ -416,6 +436,12 @@ impl Target {
             self.info.mount_opts = Some(format!("size={}", cfg.size_bytes));
             return self.finish_mount(mnt);
         }
+        if self.spec.kind == Kind::AnvilS3 {
+            let address = s3_address(&self.spec.label)?;
+            self.info.devices = Vec::new();
+            self.info.path = Some(mnt.display().to_string());
+            return self.build_anvil(cfg, &address, mnt);
+        }
 
         let backing = cfg.work_dir.join(format!("{}.img", self.spec.label));
         // Loop devices still attached to this file (an interrupted run) go first.
@@ -461,7 +487,7 @@ impl Target {
             Kind::Anvil | Kind::AnvilNoHistory | Kind::AnvilZstd | Kind::AnvilLib => {
                 return self.build_anvil(cfg, &dev, mnt)
             }
-            Kind::Tmpfs | Kind::Dir(_) => unreachable!("handled above"),
+            Kind::Tmpfs | Kind::AnvilS3 | Kind::Dir(_) => unreachable!("handled above"),
         };
         let mut words = mkfs.split(' ');
         let prog = words.next().unwrap_or_default();
@@ -581,6 +607,9 @@ impl Target {
         mkfs.arg("mkfs").arg(dev);
         if self.spec.kind == Kind::AnvilZstd {
             mkfs.args(["--compression", "zstd"]);
+        }
+        if self.spec.kind == Kind::AnvilS3 {
+            mkfs.args(["--size", &cfg.size_bytes.to_string()]);
         }
         run_cmd(&mut mkfs)?;
         self.info.fs_type = "anvil".into();
@@ -1201,7 +1230,7 @@ impl Probe for Target {
                 Ok(true)
             }
             // With history off, a snapshot would keep nothing: unsupported.
-            (Kind::Anvil | Kind::AnvilZstd, _) => {
+            (Kind::Anvil | Kind::AnvilZstd | Kind::AnvilS3, _) => {
                 let mnt = self.mount.as_deref().unwrap_or(Path::new("/"));
                 set_xattr(mnt, "trusted.anvil.snapshot", name.as_bytes())?;
                 Ok(true)

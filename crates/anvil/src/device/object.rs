@@ -792,7 +792,12 @@ impl ObjectDevice {
         fresh.sort_unstable();
         let mut headers = Vec::with_capacity(fresh.len());
         for &(seq, epoch, size) in &fresh {
-            headers.push((epoch, size, read_segment_header(store, seq, epoch, size)?));
+            match read_segment_header(store, seq, epoch, size) {
+                Ok(header) => headers.push((epoch, size, header)),
+                // Listed after the writer deleted it (a listing may lag a delete): dead.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
         }
         let mut state = shared.state.write();
         if state.next_seq != next_seq {
@@ -849,7 +854,8 @@ impl ObjectDevice {
             }
         }
         if shared.state.read().dirty_bytes > 0 {
-            log::warn!("{}: released with unflushed writes; the next writer waits a lease",
+            log::warn!(
+                "{}: released with unflushed writes; the next writer waits a lease",
                 shared.store.describe()
             );
             return;
@@ -886,23 +892,27 @@ fn claim(store: &dyn BlobStore, options: &ObjectOptions, conditional: bool) -> i
         let released = store.list(&release_key(latest))?.len() == 1;
         if !released {
             // A writer that did not release: alive, or gone without a word. Watch it.
-            let signs = || -> io::Result<Vec<String>> {
-                let mut keys: Vec<String> = store
-                    .list("beat/")?
-                    .into_iter()
-                    .chain(store.list("seg/")?)
-                    .filter(|(k, _)| {
-                        k.ends_with(&format!("{latest:016x}"))
-                            || k.starts_with(&format!("beat/{latest:016x}"))
-                    })
-                    .map(|(k, _)| k)
-                    .collect();
-                keys.sort();
-                Ok(keys)
+            // Its newest heartbeat and segment, and the newest claim: maxima, because a
+            // listing may still show an object for a moment after its delete (Garage).
+            let signs = || -> io::Result<(u64, u64, u64)> {
+                let beats = store.list("beat/")?;
+                let beat = beats
+                    .iter()
+                    .filter_map(|(k, _)| parse_pair(k, "beat"))
+                    .filter(|&(e, _)| e == latest)
+                    .map(|(_, n)| n)
+                    .max();
+                let segment = list_segments(store)?
+                    .iter()
+                    .filter(|&&(_, e, _)| e == latest)
+                    .map(|&(s, _, _)| s)
+                    .max();
+                let claim = claims()?.iter().map(|&(e, _)| e).max();
+                Ok((beat.unwrap_or(0), segment.unwrap_or(0), claim.unwrap_or(0)))
             };
             let before = signs()?;
             std::thread::sleep(options.lease);
-            if signs()? != before || claims()?.len() != listed.len() {
+            if signs()? != before {
                 let owner = listed
                     .iter()
                     .filter(|(e, _)| *e == latest)
@@ -978,8 +988,20 @@ fn describe_claim(text: &str) -> String {
     format!("host {}, pid {}, for {age} s", field("host"), field("pid"))
 }
 
-/// Reads the volume's map: the newest valid checkpoint, then every valid segment after it.
+/// Reads the volume's map (`load_once`), again if the writer deleted the checkpoint it
+/// listed meanwhile (it keeps the newest two).
 fn load(store: &dyn BlobStore) -> io::Result<State> {
+    let mut tries = 0;
+    loop {
+        match load_once(store) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 5 => tries += 1,
+            done => return done,
+        }
+    }
+}
+
+/// Reads the volume's map: the newest valid checkpoint, then every valid segment after it.
+fn load_once(store: &dyn BlobStore) -> io::Result<State> {
     let listed = list_segments(store)?;
     let pairs: Vec<(u64, u64)> = listed.iter().map(|&(s, e, _)| (s, e)).collect();
     let valid = valid_pairs(&pairs);
@@ -1023,7 +1045,13 @@ fn load(store: &dyn BlobStore) -> io::Result<State> {
         top_epoch,
     };
     for (seq, epoch, size) in after {
-        let header = read_segment_header(store, seq, epoch, size)?;
+        let header = match read_segment_header(store, seq, epoch, size) {
+            Ok(header) => header,
+            // Listed after the writer deleted it (a listing may lag a delete): a segment is
+            // deleted only once later ones hold everything it held.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
         state.apply(epoch, size, &header);
     }
     // Numbers past the newest valid segment were used by void ones: never again.

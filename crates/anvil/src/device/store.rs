@@ -6,9 +6,12 @@
 //! ignore them (Garage 2.5.0 overwrites on `If-None-Match: *`); `put_if_absent` reports
 //! what the store did, and `ObjectDevice` probes it once before trusting it.
 //!
-//! Consistency assumed of every store: a `get` or `list` that starts after a `put` or
-//! `delete` returned sees its effect (read-after-write, as S3 gives since 2020 and Garage
-//! gives with its default quorum reads). The writer fencing in `object.rs` rests on it.
+//! Consistency assumed of every store: a `get` or `list` that starts after a `put` returned
+//! sees the object (read-after-write, as S3 gives since 2020 and Garage gives with its
+//! default quorum reads and writes), and a `get` after a `delete` returned does not. The
+//! writer fencing in `object.rs` rests on the first. A `list` may still show a deleted
+//! object for a moment (Garage 2.5.0 drops deleted entries on each node before merging the
+//! replies of two), so nothing relies on a listing to show a delete.
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;

@@ -407,6 +407,10 @@ fn small_and_sparse_segments_are_repacked_into_fewer() {
     for round in 0..200u64 {
         let rewritten = round % 3 == 2 && round + 1 < 200;
         let expect = if rewritten { 0xaa } else { round as u8 };
-        assert_eq!(read(&again, round * 4096, 4096), vec![expect; 4096], "block {round}");
+        assert_eq!(
+            read(&again, round * 4096, 4096),
+            vec![expect; 4096],
+            "block {round}"
+        );
     }
 }
