@@ -288,3 +288,70 @@ fn two_replicas_follow_one_writer_to_identical_trees() {
     }
     mount.unmount();
 }
+
+#[test]
+fn bad_stores_and_prefixes_give_one_line_reasons() {
+    let Some(env) = s3_or_skip("bad_stores_and_prefixes_give_one_line_reasons") else {
+        return;
+    };
+    let address = s3_address(&env);
+    let address = address.to_str().unwrap();
+    let one_line_failure = |out: &Output, words: &str| {
+        let said = text(out);
+        assert!(!out.status.success(), "succeeded: {said}");
+        assert!(said.contains(words), "expected {words:?} in: {said}");
+        assert_eq!(said.trim().lines().count(), 1, "one line: {said}");
+    };
+    // Wrong credentials.
+    let mut wrong = env.clone();
+    for (k, v) in &mut wrong {
+        if k == "AWS_SECRET_ACCESS_KEY" {
+            v.push('x');
+        }
+    }
+    one_line_failure(
+        &anvil(&wrong, &["mkfs", address, "--size", "1G"]),
+        "credentials",
+    );
+    // A bucket that does not exist.
+    one_line_failure(
+        &anvil(
+            &env,
+            &["mkfs", "s3://no-such-bucket-here/v", "--size", "1G"],
+        ),
+        "does not exist",
+    );
+    // No store at all.
+    let mut nowhere = env.clone();
+    for (k, v) in &mut nowhere {
+        if k == "AWS_ENDPOINT_URL" {
+            *v = "http://127.0.0.1:9".to_string();
+        }
+    }
+    one_line_failure(&anvil(&nowhere, &["info", address]), "cannot reach");
+    // Nothing there, then something that is not a volume.
+    one_line_failure(&anvil(&env, &["check", address]), "holds no anvil volume");
+    let made = anvil(&env, &["mkfs", address, "--size", "1G"]);
+    assert!(made.status.success(), "{}", text(&made));
+    one_line_failure(&anvil(&env, &["mkfs", address, "--size", "1G"]), "--force");
+    let inner = format!("{address}/seg");
+    one_line_failure(
+        &anvil(&env, &["mkfs", &inner, "--size", "1G"]),
+        "not an anvil volume",
+    );
+    one_line_failure(&anvil(&env, &["cat", address, "/missing"]), "No such file");
+    // --replica is for object stores only.
+    let dir = tempfile::tempdir().unwrap();
+    one_line_failure(
+        &anvil(
+            &env,
+            &[
+                "mount",
+                "/nonexistent.img",
+                dir.path().to_str().unwrap(),
+                "--replica",
+            ],
+        ),
+        "needs an s3:// volume",
+    );
+}
