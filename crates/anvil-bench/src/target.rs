@@ -648,6 +648,17 @@ impl Target {
         if self.spec.kind == Kind::AnvilNoHistory {
             opts.push("nohistory".into());
         }
+        if self.spec.kind == Kind::AnvilS3 {
+            // A warm local cache of the store's segments, as a user gives one: what this
+            // mount uploads or reads is read from here again (a fresh one per run).
+            let dir = cfg.work_dir.join(format!("s3cache-{}", self.spec.label));
+            let _ = fs::remove_dir_all(&dir);
+            opts.push(format!(
+                "cache_dir={},cache_size={}",
+                dir.display(),
+                cfg.size_bytes
+            ));
+        }
         // Extra mount options for every anvil mount, e.g. ANVIL_MOUNT_OPTS=transport=classic.
         if let Ok(extra) = std::env::var("ANVIL_MOUNT_OPTS") {
             opts.extend(extra.split(',').filter(|o| !o.is_empty()).map(String::from));

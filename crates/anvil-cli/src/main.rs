@@ -588,7 +588,7 @@ fn format_volume(
 /// an object store is read as its writer last flushed it, mounted or not.
 fn open_for_inspection(image: &Path) -> Result<Filesystem, String> {
     if store::is_store(image) {
-        let device = store::open(image, false, false, 64 << 20)?;
+        let device = store::open(image, false, false, 64 << 20, None)?;
         let options = MountOptions {
             read_only: true,
             commit_interval_ms: 0,

@@ -109,7 +109,7 @@ fn open_image(image: &Path, writable: bool) -> Result<Filesystem, String> {
     };
     if crate::store::is_store(image) {
         // Claimed for writing (or read as last flushed); released when the volume closes.
-        let device = crate::store::open(image, writable, false, 64 << 20)?;
+        let device = crate::store::open(image, writable, false, 64 << 20, None)?;
         return Filesystem::open(device, options).map_err(|e| format!("{}: {e}", image.display()));
     }
     let device = FileDevice::open_direct(image, writable)

@@ -46,6 +46,9 @@ struct Config {
     /// A replica following another host's writer (`--replica`), and how often it looks.
     replica: bool,
     follow: Duration,
+    /// An object-store volume's local cache of segment pieces (`cache_dir=`, `cache_size=`).
+    store_cache_dir: Option<std::path::PathBuf>,
+    store_cache_bytes: u64,
 }
 
 /// How requests reach the daemon: `auto` takes io_uring when the kernel offers it.
@@ -83,6 +86,8 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
         crash_log_dir: None,
         replica: false,
         follow: Duration::from_secs(1),
+        store_cache_dir: None,
+        store_cache_bytes: 4 << 30,
     };
     for option in options.iter().filter(|o| !o.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -118,6 +123,15 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
             "commit_interval_ms" => config.mount.commit_interval_ms = number(value)?.max(1),
             "ttl_ms" => config.ttl = Duration::from_millis(number(value)?),
             "follow_ms" => config.follow = Duration::from_millis(number(value)?.max(10)),
+            "cache_dir" => {
+                let dir = value.filter(|v| !v.is_empty());
+                config.store_cache_dir =
+                    Some(dir.ok_or("option cache_dir needs a directory")?.into());
+            }
+            "cache_size" => {
+                config.store_cache_bytes =
+                    crate::parse_size(value.ok_or("option cache_size needs a size")?)?;
+            }
             "writeback" => config.writeback = true,
             "nowriteback" => config.writeback = false,
             "threads" => config.threads = number(value)?.clamp(1, 64) as usize,
@@ -407,7 +421,11 @@ fn open_device(
     if crate::store::is_store(image) {
         // Segments already read are cached by the device; the engine's cache holds the rest.
         let cache = config.mount.cache_bytes / READ_AROUND_SHARE;
-        let device = crate::store::open(image, writable, resumed, cache)?;
+        let disk = config
+            .store_cache_dir
+            .clone()
+            .map(|dir| (dir, config.store_cache_bytes));
+        let device = crate::store::open(image, writable, resumed, cache, disk)?;
         // A read-only mount reads what the writer flushed, not another daemon's crash log.
         if config.mount.crash_log && writable {
             let dir = config.crash_log_dir.as_deref();

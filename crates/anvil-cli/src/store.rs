@@ -42,6 +42,7 @@ pub fn open(
     writable: bool,
     takeover: bool,
     cache_bytes: u64,
+    disk_cache: Option<(std::path::PathBuf, u64)>,
 ) -> Result<Arc<ObjectDevice>, String> {
     let store = connect(image)?;
     let options = ObjectOptions {
@@ -49,6 +50,7 @@ pub fn open(
         takeover,
         lease: lease(),
         cache_bytes,
+        disk_cache,
         ..Default::default()
     };
     ObjectDevice::open(store, options)

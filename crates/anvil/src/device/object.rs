@@ -63,6 +63,8 @@ use std::sync::{Arc, Condvar};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod disk;
+
 const MARKER_KEY: &str = "anvil-volume";
 const MARKER_MAGIC: &str = "anvil object volume 1";
 const SEGMENT_MAGIC: &[u8; 8] = b"ANVLSEG1";
@@ -97,6 +99,9 @@ pub struct ObjectOptions {
     pub segment_bytes: u64,
     /// How long a failing request is retried before the operation fails.
     pub retry_for: Duration,
+    /// A local directory for pieces of segments read and uploaded (`cache_dir=`), and the
+    /// bytes it may hold; the volume's own subdirectory is made in it.
+    pub disk_cache: Option<(std::path::PathBuf, u64)>,
 }
 
 impl Default for ObjectOptions {
@@ -108,6 +113,7 @@ impl Default for ObjectOptions {
             cache_bytes: 64 << 20,
             segment_bytes: 32 << 20,
             retry_for: Duration::from_secs(300),
+            disk_cache: None,
         }
     }
 }
@@ -123,6 +129,9 @@ pub struct ObjectStats {
     pub fetched_bytes: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Misses of the memory cache that the disk cache answered, and what it holds.
+    pub disk_hits: u64,
+    pub disk_bytes: u64,
     pub deleted_objects: u64,
 }
 
@@ -333,14 +342,18 @@ fn parse_single(key: &str, dir: &str) -> Option<u64> {
 struct Marker {
     size: u64,
     conditional: bool,
+    /// Made at mkfs: a disk cache's pieces belong to this volume, not to one made again
+    /// under the same prefix.
+    id: u64,
 }
 
 impl Marker {
     fn encode(&self) -> Vec<u8> {
         format!(
-            "{MARKER_MAGIC}\nsize={}\nconditional={}\n",
+            "{MARKER_MAGIC}\nsize={}\nconditional={}\nid={:016x}\n",
             self.size,
-            if self.conditional { "yes" } else { "no" }
+            if self.conditional { "yes" } else { "no" },
+            self.id
         )
         .into_bytes()
     }
@@ -362,17 +375,19 @@ impl Marker {
             }
             _ => return Err(bad()),
         }
-        let (mut size, mut conditional) = (None, None);
+        let (mut size, mut conditional, mut id) = (None, None, None);
         for line in lines {
             match line.split_once('=') {
                 Some(("size", v)) => size = v.parse().ok(),
                 Some(("conditional", v)) => conditional = Some(v == "yes"),
+                Some(("id", v)) => id = u64::from_str_radix(v, 16).ok(),
                 _ => {}
             }
         }
         Ok(Marker {
             size: size.ok_or_else(bad)?,
             conditional: conditional.ok_or_else(bad)?,
+            id: id.ok_or_else(bad)?,
         })
     }
 }
@@ -625,6 +640,7 @@ struct Counters {
     fetched_bytes: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
+    disk_hits: AtomicU64,
     deleted: AtomicU64,
 }
 
@@ -637,6 +653,7 @@ struct Shared {
     /// One upload at a time, in sequence order.
     upload: Mutex<()>,
     cache: quick_cache::sync::Cache<PieceId, Arc<Vec<u8>>, PieceBytes>,
+    disk: Option<disk::DiskCache>,
     /// Another writer claimed the volume: nothing more may be written.
     fenced: AtomicBool,
     counters: Counters,
@@ -693,6 +710,7 @@ impl ObjectDevice {
         let marker = Marker {
             size,
             conditional: first && !second,
+            id: rand::random(),
         };
         store.put(MARKER_KEY, &marker.encode())
     }
@@ -724,8 +742,16 @@ impl ObjectDevice {
             true => claim(&*store, &options, marker.conditional)?,
             false => 0,
         };
+        let disk = match &options.disk_cache {
+            Some((dir, bytes)) => Some(disk::DiskCache::open(
+                &dir.join(format!("{:016x}", marker.id)),
+                *bytes,
+            )?),
+            None => None,
+        };
         let state = load(&*store)?;
         let shared = Arc::new(Shared {
+            disk,
             cache: quick_cache::sync::Cache::with_weighter(
                 (options.cache_bytes / PIECE_BYTES).max(16) as usize,
                 options.cache_bytes.max(4 * PIECE_BYTES),
@@ -822,6 +848,8 @@ impl ObjectDevice {
             fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
             cache_hits: c.hits.load(Ordering::Relaxed),
             cache_misses: c.misses.load(Ordering::Relaxed),
+            disk_hits: c.disk_hits.load(Ordering::Relaxed),
+            disk_bytes: shared.disk.as_ref().map_or(0, |d| d.bytes()),
             deleted_objects: c.deleted.load(Ordering::Relaxed),
         }
     }
@@ -1274,6 +1302,12 @@ impl Shared {
         if self.deposed()? {
             self.check_fence()?;
         }
+        // What was just written is what is read next: keep it on disk too.
+        if let Some(disk) = &self.disk {
+            for (piece, bytes) in object.chunks(in_memory(PIECE_BYTES)).enumerate() {
+                disk.put((seq, self.epoch, piece as u64), bytes);
+            }
+        }
         Ok(header)
     }
 
@@ -1517,6 +1551,12 @@ impl Shared {
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         let from = piece * PIECE_BYTES;
         let len = in_memory(PIECE_BYTES.min(segment.bytes.saturating_sub(from)));
+        if let Some(bytes) = self.disk.as_ref().and_then(|d| d.get(id, len)) {
+            self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
+            let bytes = Arc::new(bytes);
+            self.cache.insert(id, bytes.clone());
+            return Ok(bytes);
+        }
         let key = segment.key();
         let bytes = self
             .retry("read a segment", || self.store.get_range(&key, from, len))
@@ -1530,6 +1570,9 @@ impl Shared {
         self.counters
             .fetched_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
+        if let Some(disk) = &self.disk {
+            disk.put(id, &bytes);
+        }
         let bytes = Arc::new(bytes);
         self.cache.insert(id, bytes.clone());
         Ok(bytes)
@@ -1617,6 +1660,8 @@ impl Device for ObjectDevice {
             ("store_fetched_bytes", s.fetched_bytes),
             ("store_cache_hits", s.cache_hits),
             ("store_cache_misses", s.cache_misses),
+            ("store_disk_hits", s.disk_hits),
+            ("store_disk_bytes", s.disk_bytes),
             ("store_deleted_objects", s.deleted_objects),
         ]
     }

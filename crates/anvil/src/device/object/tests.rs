@@ -414,3 +414,40 @@ fn small_and_sparse_segments_are_repacked_into_fewer() {
         );
     }
 }
+
+#[test]
+fn a_disk_cache_answers_what_was_uploaded_and_read_and_survives_reopening() {
+    let (store, shared) = volume(64 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let cached = |writable: bool| ObjectOptions {
+        writable,
+        disk_cache: Some((dir.path().to_path_buf(), 8 << 20)),
+        ..writer()
+    };
+    let device = ObjectDevice::open(shared.clone(), cached(true)).unwrap();
+    for i in 0..8u64 {
+        device.write_at(&[i as u8 + 1; 65536], i << 20).unwrap();
+    }
+    device.flush().unwrap();
+    device.release();
+    drop(device);
+    // A new reader with an empty memory cache: every piece comes from the disk.
+    let gets = store.stats().gets.load(Ordering::Relaxed);
+    let reader = ObjectDevice::open(shared.clone(), cached(false)).unwrap();
+    let opening = store.stats().gets.load(Ordering::Relaxed) - gets;
+    for i in 0..8u64 {
+        assert_eq!(read(&reader, i << 20, 65536), vec![i as u8 + 1; 65536]);
+    }
+    assert_eq!(
+        store.stats().gets.load(Ordering::Relaxed) - gets,
+        opening,
+        "no piece read from the store"
+    );
+    assert!(reader.stats().disk_hits > 0);
+    // A damaged or lost directory only costs reads from the store again.
+    for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        std::fs::remove_dir_all(entry.path()).unwrap();
+    }
+    let again = ObjectDevice::open(shared, cached(false)).unwrap();
+    assert_eq!(read(&again, 3 << 20, 65536), vec![4; 65536]);
+}
