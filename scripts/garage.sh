@@ -123,6 +123,8 @@ data_dir = "$node/data"
 db_engine = "sqlite"
 replication_factor = 3
 consistency_mode = "consistent"
+# anvil compresses what it writes: zstd again would only cost CPU.
+compression_level = "none"
 
 rpc_bind_addr = "127.0.0.1:$(rpc_port "$dir" "$i")"
 rpc_public_addr = "127.0.0.1:$(rpc_port "$dir" "$i")"

@@ -16,6 +16,7 @@
 //! | `seg/<seq>-<epoch>` | a segment: header (ranges of the device it holds), then their bytes |
 //! | `ckpt/<seq>-<epoch>` | the map as of segment `seq` |
 //! | `claim/<epoch>-<id>` | a writer's claim of the volume (host, pid, time) |
+//! | `fence/<epoch>` | put before the claims of `epoch`: what the writer below looks for |
 //! | `beat/<epoch>-<n>` | the newest heartbeat of the writer of `epoch` |
 //! | `release/<epoch>` | the writer of `epoch` unmounted cleanly |
 //!
@@ -27,7 +28,8 @@
 //! `claim/<epoch>-<random id>` and listing the claims again: if it sees any other claim of
 //! its epoch or above, it gives up (two hosts racing both may give up; neither proceeds
 //! unsafely). Only then does it list the segments, and it names its segments with its
-//! epoch. After every segment it puts, it lists the claims; if a higher epoch appears, the
+//! epoch. After every segment it puts, it looks for a higher epoch's claim (below: one read of
+//! its fence); if there is one, the
 //! flush fails and the device refuses every later write.
 //!
 //! Why an acknowledged flush is never lost to a second writer, assuming only that a listing
@@ -50,8 +52,12 @@
 //! check above, not by the lease: the lease only keeps a live writer from being deposed by
 //! accident.
 //!
-//! Where the store honours `If-None-Match` (probed once at creation, recorded in the
-//! marker), a claim also puts `epoch/<epoch>` conditionally, a second fence.
+//! The check after each segment reads one key rather than listing the claims: a claim of
+//! epoch `e` is preceded by a put of `fence/<e>`, and every claim above `epoch + 1` was made
+//! by a writer that listed a claim of the epoch below it, so `fence/<epoch + 1>` exists
+//! before any later writer lists the segments (see `Shared::deposed`). Where the store
+//! honours `If-None-Match` (probed once at creation, recorded in the marker), the fence is
+//! put conditionally, a second guard against two claims of one epoch.
 
 use super::{out_of_range, BlobStore, Device};
 use parking_lot::{Mutex, RwLock};
@@ -129,6 +135,9 @@ pub struct ObjectStats {
     pub fetched_bytes: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Time spent uploading segments and checking the fence after each (milliseconds).
+    pub upload_ms: u64,
+    pub fence_ms: u64,
     /// Misses of the memory cache that the disk cache answered, and what it holds.
     pub disk_hits: u64,
     pub disk_bytes: u64,
@@ -314,6 +323,10 @@ fn claim_key(epoch: u64, id: u64) -> String {
 
 fn beat_key(epoch: u64, n: u64) -> String {
     format!("beat/{epoch:016x}-{n:016x}")
+}
+
+fn fence_key(epoch: u64) -> String {
+    format!("fence/{epoch:016x}")
 }
 
 fn release_key(epoch: u64) -> String {
@@ -641,6 +654,8 @@ struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
     disk_hits: AtomicU64,
+    upload_nanos: AtomicU64,
+    fence_nanos: AtomicU64,
     deleted: AtomicU64,
 }
 
@@ -849,6 +864,8 @@ impl ObjectDevice {
             cache_hits: c.hits.load(Ordering::Relaxed),
             cache_misses: c.misses.load(Ordering::Relaxed),
             disk_hits: c.disk_hits.load(Ordering::Relaxed),
+            upload_ms: c.upload_nanos.load(Ordering::Relaxed) / 1_000_000,
+            fence_ms: c.fence_nanos.load(Ordering::Relaxed) / 1_000_000,
             disk_bytes: shared.disk.as_ref().map_or(0, |d| d.bytes()),
             deleted_objects: c.deleted.load(Ordering::Relaxed),
         }
@@ -967,7 +984,6 @@ fn claim(store: &dyn BlobStore, options: &ObjectOptions, conditional: bool) -> i
         std::process::id(),
         now_secs()
     );
-    store.put(&claim_key(epoch, id), about.as_bytes())?;
     let racing = || {
         io::Error::new(
             io::ErrorKind::WouldBlock,
@@ -977,9 +993,14 @@ fn claim(store: &dyn BlobStore, options: &ObjectOptions, conditional: bool) -> i
             ),
         )
     };
-    if conditional && !store.put_if_absent(&format!("epoch/{epoch:016x}"), &id.to_le_bytes())? {
-        return Err(racing());
+    // The fence first: the writer of `epoch - 1` looks for it after every segment.
+    let fence = fence_key(epoch);
+    match conditional {
+        true if !store.put_if_absent(&fence, &id.to_le_bytes())? => return Err(racing()),
+        true => {}
+        false => store.put(&fence, &id.to_le_bytes())?,
     }
+    store.put(&claim_key(epoch, id), about.as_bytes())?;
     if claims()?.iter().any(|&(e, i)| e >= epoch && i != id) {
         return Err(racing());
     }
@@ -1187,12 +1208,18 @@ impl Shared {
     }
 
     /// Whether a writer of a higher epoch has claimed the volume (and if so, fences us).
+    ///
+    /// One read of `fence/<epoch + 1>`, not a listing of the claims: every claim of a higher
+    /// epoch was made by a writer that listed one of the epoch below, down to one of
+    /// `epoch + 1`, whose fence was put before its claim. So the fence was put before any
+    /// later writer listed the segments, and not seeing it is as good as not seeing a claim.
     fn deposed(&self) -> io::Result<bool> {
-        let listed = self.retry("list the claims", || self.store.list("claim/"))?;
-        let higher = listed
-            .iter()
-            .filter_map(|(k, _)| parse_pair(k, "claim"))
-            .any(|(e, _)| e > self.epoch);
+        let fence = fence_key(self.epoch + 1);
+        let higher = match self.retry("look for a newer writer", || self.store.get(&fence)) {
+            Ok(_) => true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) => return Err(e),
+        };
         if higher {
             self.fenced.store(true, Ordering::SeqCst);
             log::error!(
@@ -1298,10 +1325,20 @@ impl Shared {
                 .extend_from_slice(&written.bytes[written.at..written.at + in_memory(end - start)]);
         }
         let key = segment_key(seq, self.epoch);
+        let started = Instant::now();
         self.retry("upload a segment", || self.store.put(&key, &object))?;
+        let uploaded = Instant::now();
         if self.deposed()? {
             self.check_fence()?;
         }
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let counters = &self.counters;
+        counters
+            .upload_nanos
+            .fetch_add(nanos(uploaded - started), Ordering::Relaxed);
+        counters
+            .fence_nanos
+            .fetch_add(nanos(uploaded.elapsed()), Ordering::Relaxed);
         // What was just written is what is read next: keep it on disk too.
         if let Some(disk) = &self.disk {
             for (piece, bytes) in object.chunks(in_memory(PIECE_BYTES)).enumerate() {
@@ -1450,6 +1487,14 @@ impl Shared {
                     .map(|&(s, e)| segment_key(s, e)),
             );
         }
+        if let Ok(listed) = self.store.list("fence/") {
+            garbage.extend(
+                listed
+                    .into_iter()
+                    .filter(|(k, _)| parse_single(k, "fence").is_some_and(|e| e < self.epoch))
+                    .map(|(k, _)| k),
+            );
+        }
         for dir in ["claim", "beat"] {
             if let Ok(listed) = self.store.list(&format!("{dir}/")) {
                 garbage.extend(
@@ -1525,16 +1570,32 @@ impl Shared {
             let mut left = end - start;
             while left > 0 {
                 let piece = at / PIECE_BYTES;
-                let bytes = self.piece(segment, piece)?;
+                let piece_len = PIECE_BYTES.min(segment.bytes.saturating_sub(piece * PIECE_BYTES));
                 let from = in_memory(at - piece * PIECE_BYTES);
-                let n = in_memory(left).min(bytes.len().saturating_sub(from));
+                let n = in_memory(left).min(in_memory(piece_len).saturating_sub(from));
                 if n == 0 {
                     return Err(invalid(format!(
                         "segment {} is shorter than its map says",
                         segment.key()
                     )));
                 }
-                buf[into..into + n].copy_from_slice(&bytes[from..from + n]);
+                let out = &mut buf[into..into + n];
+                let id = (segment.seq, segment.epoch, piece);
+                // Memory, then just the bytes asked for from the disk cache, then the store.
+                if let Some(bytes) = self.cache.get(&id) {
+                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    out.copy_from_slice(&bytes[from..from + n]);
+                } else if self
+                    .disk
+                    .as_ref()
+                    .is_some_and(|d| d.read_at(id, piece_len, from as u64, out))
+                {
+                    self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                    self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let bytes = self.piece(segment, piece)?;
+                    out.copy_from_slice(&bytes[from..from + n]);
+                }
                 at += n as u64;
                 into += n;
                 left -= n as u64;
@@ -1661,6 +1722,8 @@ impl Device for ObjectDevice {
             ("store_cache_hits", s.cache_hits),
             ("store_cache_misses", s.cache_misses),
             ("store_disk_hits", s.disk_hits),
+            ("store_upload_ms", s.upload_ms),
+            ("store_fence_ms", s.fence_ms),
             ("store_disk_bytes", s.disk_bytes),
             ("store_deleted_objects", s.deleted_objects),
         ]

@@ -87,6 +87,20 @@ impl DiskCache {
         }
     }
 
+    /// Bytes `[from, from + out.len())` of piece `id` (of `len` bytes), if a whole copy of
+    /// it is here.
+    pub(super) fn read_at(&self, id: PieceId, len: u64, from: u64, out: &mut [u8]) -> bool {
+        use std::os::unix::fs::FileExt;
+        if self.index.lock().sizes.get(&id) != Some(&len) {
+            return false;
+        }
+        let read = fs::File::open(self.dir.join(name(id))).and_then(|f| f.read_exact_at(out, from));
+        if read.is_err() {
+            self.forget(id);
+        }
+        read.is_ok()
+    }
+
     /// Keeps a copy of piece `id` (best effort: a full or failing disk only costs reads).
     pub(super) fn put(&self, id: PieceId, bytes: &[u8]) {
         if self.index.lock().sizes.contains_key(&id) || bytes.len() as u64 > self.capacity {
