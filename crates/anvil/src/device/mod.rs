@@ -67,6 +67,13 @@ pub trait Device: Send + Sync {
     fn refresh(&self) -> io::Result<bool> {
         Ok(false)
     }
+    /// Ordering only: every write that returned before this call becomes durable no later
+    /// than any write issued after it (a commit's tree before the superblock that points at
+    /// it). A flush is such a barrier, and the default; a device whose writes become
+    /// durable in the order issued, such as an object store's segments, need not wait.
+    fn barrier(&self) -> io::Result<()> {
+        self.flush()
+    }
     /// Barrier: every write that returned before this call is durable when it returns.
     fn flush(&self) -> io::Result<()>;
     /// Current length in bytes.

@@ -1624,8 +1624,9 @@ impl Volume {
         Ok((new_root, ctx.freed, sb, ahead))
     }
 
-    /// Makes a written tree durable: the space map as of after this commit, a flush, then
-    /// the superblock `make` finishes from the previous one with the new root and map
+    /// Makes a written tree durable: the space map as of after this commit, a barrier (the
+    /// tree and map before the superblock; a flush where the device orders no other way),
+    /// then the superblock `make` finishes from the previous one with the new root and map
     /// filled in, and a flush.
     /// `committing` names (by offset) the extents written ahead of this commit that it
     /// links or frees; the map counts every other such extent as free.
@@ -1639,7 +1640,7 @@ impl Volume {
         make: impl FnOnce(Superblock) -> Superblock,
     ) -> Result<Superblock> {
         let map = self.write_space_map(previous, freed, tid, committing)?;
-        self.device.flush()?;
+        self.device.barrier()?;
         let sb = make(Superblock {
             seq: previous.seq + 1,
             root_address: new_root.address,
