@@ -675,12 +675,15 @@ struct Shared {
     /// When this writer last showed a sign of life (a segment or a heartbeat).
     last_sign: Mutex<Instant>,
     stop: (std::sync::Mutex<bool>, Condvar),
+    /// Wakes the uploader (`Shared::upload_ahead`) when writes pile up.
+    wake_uploader: (std::sync::Mutex<bool>, Condvar),
 }
 
 /// A device whose bytes live in an object store (see the module's documentation).
 pub struct ObjectDevice {
     shared: Arc<Shared>,
-    beater: Mutex<Option<JoinHandle<()>>>,
+    /// The writer's heartbeat and uploader threads.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 fn now_secs() -> u64 {
@@ -781,22 +784,29 @@ impl ObjectDevice {
             counters: Counters::default(),
             last_sign: Mutex::new(Instant::now()),
             stop: (std::sync::Mutex::new(false), Condvar::new()),
+            wake_uploader: (std::sync::Mutex::new(false), Condvar::new()),
             options,
         });
         let device = ObjectDevice {
             shared: shared.clone(),
-            beater: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
         };
         if shared.options.writable {
             // The fence: a segment one past the newest listed voids whatever an earlier
             // writer puts after our listing.
             shared.upload_pending(true)?;
             shared.tidy_after_claim();
-            let beating = shared.clone();
-            *device.beater.lock() = Some(
+            let (beating, uploading) = (shared.clone(), shared.clone());
+            let mut threads = device.threads.lock();
+            threads.push(
                 std::thread::Builder::new()
                     .name("anvil-beat".into())
                     .spawn(move || beating.beat())?,
+            );
+            threads.push(
+                std::thread::Builder::new()
+                    .name("anvil-upload".into())
+                    .spawn(move || uploading.upload_ahead())?,
             );
         }
         Ok(device)
@@ -881,8 +891,9 @@ impl ObjectDevice {
             *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
             wake.notify_all();
         }
-        if let Some(beater) = self.beater.lock().take() {
-            let _ = beater.join();
+        shared.wake_uploader.1.notify_all();
+        for thread in self.threads.lock().drain(..) {
+            let _ = thread.join();
         }
         if !shared.options.writable || shared.fenced.load(Ordering::SeqCst) {
             return;
@@ -916,7 +927,7 @@ impl ObjectDevice {
 
 impl Drop for ObjectDevice {
     fn drop(&mut self) {
-        if self.beater.lock().is_some() {
+        if !self.threads.lock().is_empty() {
             self.release();
         }
     }
@@ -1487,14 +1498,8 @@ impl Shared {
                     .map(|&(s, e)| segment_key(s, e)),
             );
         }
-        if let Ok(listed) = self.store.list("fence/") {
-            garbage.extend(
-                listed
-                    .into_iter()
-                    .filter(|(k, _)| parse_single(k, "fence").is_some_and(|e| e < self.epoch))
-                    .map(|(k, _)| k),
-            );
-        }
+        // Fences stay, every one: a writer deposed long ago still looks for the fence of the
+        // epoch above its own, and must find it.
         for dir in ["claim", "beat"] {
             if let Ok(listed) = self.store.list(&format!("{dir}/")) {
                 garbage.extend(
@@ -1520,6 +1525,36 @@ impl Shared {
         };
         garbage.extend(dead);
         self.reclaim(garbage);
+    }
+
+    /// The writer's uploader: sends what was written as a segment whenever a quarter of a
+    /// segment piled up, ahead of the flush that will need it.
+    fn upload_ahead(self: Arc<Self>) {
+        loop {
+            {
+                let (lock, wake) = &self.wake_uploader;
+                let mut woken = lock.lock().unwrap_or_else(|e| e.into_inner());
+                if !*woken {
+                    woken = wake
+                        .wait_timeout(woken, Duration::from_millis(500))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                *woken = false;
+            }
+            if *self.stop.0.lock().unwrap_or_else(|e| e.into_inner()) {
+                return;
+            }
+            if self.fenced.load(Ordering::SeqCst)
+                || self.state.read().dirty_bytes < self.options.segment_bytes / 4
+            {
+                continue;
+            }
+            if let Err(e) = self.upload_pending(false) {
+                // The next flush tries again and reports it.
+                log::warn!("{}: uploading ahead: {e}", self.describe());
+            }
+        }
     }
 
     /// The writer's heartbeat: a new `beat/` object whenever nothing else showed it alive
@@ -1697,10 +1732,17 @@ impl Device for ObjectDevice {
                 |lo, hi, _| replaced += hi - lo,
             );
             state.dirty_bytes = state.dirty_bytes + buf.len() as u64 - replaced;
-            state.dirty_bytes >= shared.options.segment_bytes
+            state.dirty_bytes
         };
-        if full {
-            // Durable early is allowed: a crash may keep any subset of unflushed writes.
+        // Durable early is allowed (a crash may keep any subset of unflushed writes): the
+        // uploader sends what piles up, so a flush has only the tail left to wait for.
+        if full >= shared.options.segment_bytes / 4 {
+            let (lock, wake) = &shared.wake_uploader;
+            *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            wake.notify_one();
+        }
+        // Past twice a segment, the writer waits: the store is slower than the writes.
+        if full >= 2 * shared.options.segment_bytes {
             shared.upload_pending(false)?;
         }
         Ok(())

@@ -47,8 +47,9 @@ impl ObjectDevice {
             *lock.lock().unwrap() = true;
             wake.notify_all();
         }
-        if let Some(beater) = self.beater.lock().take() {
-            beater.join().unwrap();
+        self.shared.wake_uploader.1.notify_all();
+        for thread in self.threads.lock().drain(..) {
+            thread.join().unwrap();
         }
     }
 }
@@ -450,4 +451,26 @@ fn a_disk_cache_answers_what_was_uploaded_and_read_and_survives_reopening() {
     }
     let again = ObjectDevice::open(shared, cached(false)).unwrap();
     assert_eq!(read(&again, 3 << 20, 65536), vec![4; 65536]);
+}
+
+#[test]
+fn a_writer_deposed_twice_over_still_finds_its_fence() {
+    let (_store, shared) = volume(64 << 20);
+    let takeover = ObjectOptions {
+        takeover: true,
+        ..writer()
+    };
+    let first = ObjectDevice::open(shared.clone(), writer()).unwrap();
+    let second = ObjectDevice::open(shared.clone(), takeover.clone()).unwrap();
+    // The third tidies what the first two left: it must not take the first one's fence.
+    let third = ObjectDevice::open(shared.clone(), takeover).unwrap();
+    for (name, device) in [("first", &first), ("second", &second)] {
+        device.write_at(b"late", 0).unwrap_or(());
+        assert!(
+            device.flush().is_err(),
+            "the {name} writer flushed after being deposed"
+        );
+    }
+    third.write_at(b"kept", 0).unwrap();
+    third.flush().unwrap();
 }
