@@ -1675,8 +1675,9 @@ impl Shared {
     }
 }
 
-impl Device for ObjectDevice {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+impl ObjectDevice {
+    /// `read_at` from the map as it stands.
+    fn read_mapped(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let shared = &self.shared;
         let end = offset
             .checked_add(buf.len() as u64)
@@ -1701,6 +1702,20 @@ impl Device for ObjectDevice {
             buf[into..into + n].copy_from_slice(&written.bytes[written.at..written.at + n]);
         }
         Ok(())
+    }
+}
+
+impl Device for ObjectDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self.read_mapped(buf, offset) {
+            // A reader's map can name a segment its writer has since reclaimed (every byte
+            // of it written again later): the writer's newer segments say where they went.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.shared.options.writable => {
+                self.refresh()?;
+                self.read_mapped(buf, offset)
+            }
+            done => done,
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

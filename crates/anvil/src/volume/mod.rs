@@ -655,6 +655,9 @@ impl Volume {
             return Ok(None);
         }
         let sb = Self::read_superblock(&*self.device)?;
+        // Addresses the writer freed may hold other nodes and extents now: what the cache
+        // holds from before the device moved goes, before and after readers see the root.
+        self.cache.clear();
         {
             // Logged changes are replayed below on a fresh overlay, also when only they moved.
             let mut state = self.state.lock();
@@ -672,7 +675,6 @@ impl Volume {
             state.live_objects = sb.live_objects;
             state.superblock = sb;
         }
-        // Addresses the writer freed may hold other nodes and extents now.
         self.cache.clear();
         self.replay_log()?;
         Ok(Some(self.state.lock().superblock.committed_tid))

@@ -474,3 +474,19 @@ fn a_writer_deposed_twice_over_still_finds_its_fence() {
     third.write_at(b"kept", 0).unwrap();
     third.flush().unwrap();
 }
+
+#[test]
+fn a_reader_whose_segment_was_reclaimed_reads_where_the_bytes_went() {
+    let (_store, shared) = volume(64 << 20);
+    let device = ObjectDevice::open(shared.clone(), writer()).unwrap();
+    device.write_at(&[1; 4096], 0).unwrap();
+    device.flush().unwrap();
+    let reader = ObjectDevice::open(shared, reader()).unwrap();
+    // Written again twice over: the segment the reader's map names is deleted.
+    for byte in [2u8, 3] {
+        device.write_at(&[byte; 4096], 0).unwrap();
+        device.flush().unwrap();
+    }
+    assert!(device.stats().deleted_objects > 0);
+    assert_eq!(read(&reader, 0, 4096), vec![3; 4096]);
+}
