@@ -1,8 +1,11 @@
 //! S3-compatible object stores (AWS S3, Garage, MinIO, ...) as an [`anvil::device::BlobStore`],
 //! so that a volume can live under `s3://BUCKET/PREFIX`.
 //!
-//! Configuration comes from the usual AWS environment variables, and only from them (no
-//! `~/.aws` profiles, no instance metadata): `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! Configuration comes from the usual AWS environment variables and, under them, from the
+//! profile they name (`AWS_PROFILE`, else `default`: keys and session token from
+//! `~/.aws/credentials`, `region` and `endpoint_url` from `~/.aws/config`, or the files
+//! `AWS_SHARED_CREDENTIALS_FILE` and `AWS_CONFIG_FILE` name; no instance metadata):
+//! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_SESSION_TOKEN`, `AWS_REGION` (or `AWS_DEFAULT_REGION`; `us-east-1` when neither),
 //! `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT`) for stores other than AWS, `AWS_ALLOW_HTTP=true`
 //! for a plain-http endpoint, and the other `AWS_*` keys that `object_store` knows
@@ -143,6 +146,16 @@ impl S3Store {
         V: AsRef<str>,
     {
         let parsed = parse_url(url)?;
+        let vars: Vec<(String, String)> = vars
+            .into_iter()
+            .map(|(k, v)| (k.as_ref().to_string(), v.as_ref().to_string()))
+            .collect();
+        // A profile's settings first: the variables, read after, win over them.
+        let vars: Vec<(String, String)> = profile_vars(&vars)
+            .map_err(|e| format!("{parsed}: {e}"))?
+            .into_iter()
+            .chain(vars)
+            .collect();
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -160,13 +173,11 @@ impl S3Store {
             .with_client_options(options)
             .with_retry(retry);
         let mut seen = Vec::new();
-        let mut profile = false;
-        for (name, value) in vars {
-            let (name, value) = (name.as_ref(), value.as_ref());
+        for (name, value) in &vars {
+            let (name, value) = (name.as_str(), value.as_str());
             if !name.starts_with("AWS_") || value.is_empty() {
                 continue;
             }
-            profile |= name == "AWS_PROFILE";
             if let Ok(key) = name.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
                 builder = builder.with_config(key, value);
                 seen.push((name.to_string(), value.to_string()));
@@ -204,12 +215,7 @@ impl S3Store {
         }
         if !has_key && !other_credentials {
             return Err(format!(
-                "{parsed}: no credentials for the object store: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY{}",
-                if profile {
-                    " (AWS_PROFILE is not read: profiles in ~/.aws are not supported)"
-                } else {
-                    ""
-                }
+                "{parsed}: no credentials for the object store: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE to a profile in ~/.aws/credentials"
             ));
         }
         let region = builder
@@ -725,6 +731,68 @@ fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Whitespace runs (newlines among them) as single spaces.
+/// The settings of the AWS profile (`AWS_PROFILE`, else `default`) as AWS_* variables:
+/// keys and session token from the shared credentials file (`AWS_SHARED_CREDENTIALS_FILE`,
+/// else `~/.aws/credentials`), region and endpoint from the config file (`AWS_CONFIG_FILE`,
+/// else `~/.aws/config`, section `[profile NAME]` or `[default]`), as the AWS CLI reads
+/// them. A profile named by `AWS_PROFILE` must exist; the default one need not.
+fn profile_vars(vars: &[(String, String)]) -> Result<Vec<(String, String)>, String> {
+    let var = |name: &str| {
+        vars.iter()
+            .rev()
+            .find(|(k, v)| k == name && !v.is_empty())
+            .map(|(_, v)| v.clone())
+    };
+    let named = var("AWS_PROFILE");
+    let profile = named.clone().unwrap_or_else(|| "default".to_string());
+    let home = var("HOME").unwrap_or_default();
+    let file =
+        |over: &str, default: &str| var(over).unwrap_or_else(|| format!("{home}/.aws/{default}"));
+    let (credentials, config) = (
+        file("AWS_SHARED_CREDENTIALS_FILE", "credentials"),
+        file("AWS_CONFIG_FILE", "config"),
+    );
+    let read = |path: &str, section: &str| -> Result<Option<Vec<(String, String)>>, String> {
+        let ini = match ini::Ini::load_from_file(path) {
+            Ok(ini) => ini,
+            Err(ini::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot read {path}: {}", flatten(&e.to_string()))),
+        };
+        Ok(ini.section(Some(section)).map(|s| {
+            s.iter()
+                .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+                .collect()
+        }))
+    };
+    let config_section = match profile.as_str() {
+        "default" => "default".to_string(),
+        name => format!("profile {name}"),
+    };
+    let keys = read(&credentials, &profile)?;
+    let settings = read(&config, &config_section)?;
+    if keys.is_none() && settings.is_none() {
+        return match named {
+            Some(name) => Err(format!(
+                "AWS_PROFILE={name}: no such profile in {credentials} or {config}"
+            )),
+            None => Ok(Vec::new()),
+        };
+    }
+    let mut out = Vec::new();
+    for (name, value) in keys.into_iter().chain(settings).flatten() {
+        let var = match name.as_str() {
+            "aws_access_key_id" => "AWS_ACCESS_KEY_ID",
+            "aws_secret_access_key" => "AWS_SECRET_ACCESS_KEY",
+            "aws_session_token" => "AWS_SESSION_TOKEN",
+            "region" => "AWS_REGION",
+            "endpoint_url" => "AWS_ENDPOINT_URL",
+            _ => continue,
+        };
+        out.push((var.to_string(), value));
+    }
+    Ok(out)
+}
+
 fn flatten(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -830,12 +898,61 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_gives_keys_region_and_endpoint_and_variables_win() {
+        let home = std::env::temp_dir().join(format!("anvil-s3-profile-{}", std::process::id()));
+        std::fs::create_dir_all(home.join(".aws")).unwrap();
+        std::fs::write(
+            home.join(".aws/credentials"),
+            "[default]\naws_access_key_id = DEF\naws_secret_access_key = defsecret\n\n\
+             [garage]\naws_access_key_id = GK1\naws_secret_access_key = secret1\n",
+        )
+        .unwrap();
+        std::fs::write(
+            home.join(".aws/config"),
+            "[profile garage]\nregion = garage\nendpoint_url = http://127.0.0.1:3910\n",
+        )
+        .unwrap();
+        let home_var = ("HOME".to_string(), home.display().to_string());
+        let with = |extra: &[(&str, &str)]| {
+            let mut vars = vec![home_var.clone()];
+            vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            profile_vars(&vars).unwrap()
+        };
+        let garage = with(&[("AWS_PROFILE", "garage")]);
+        let get = |vars: &[(String, String)], name: &str| {
+            vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        };
+        assert_eq!(get(&garage, "AWS_ACCESS_KEY_ID").as_deref(), Some("GK1"));
+        assert_eq!(get(&garage, "AWS_REGION").as_deref(), Some("garage"));
+        assert_eq!(
+            get(&garage, "AWS_ENDPOINT_URL").as_deref(),
+            Some("http://127.0.0.1:3910")
+        );
+        assert_eq!(get(&with(&[]), "AWS_ACCESS_KEY_ID").as_deref(), Some("DEF"));
+        // A store opened with the profile and a variable: the variable wins.
+        let store = S3Store::open_with_vars(
+            "s3://b/p",
+            [
+                ("HOME", home.to_str().unwrap()),
+                ("AWS_PROFILE", "garage"),
+                ("AWS_ALLOW_HTTP", "true"),
+                ("AWS_ENDPOINT_URL", "http://127.0.0.1:9999"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(store.endpoint(), "http://127.0.0.1:9999");
+        let missing = profile_vars(&[home_var.clone(), ("AWS_PROFILE".into(), "nope".into())]);
+        assert!(missing.unwrap_err().contains("no such profile"));
+        std::fs::remove_dir_all(&home).unwrap();
+    }
+
+    #[test]
     fn missing_credentials_and_plain_http_are_refused_before_any_request() {
         let none: Vec<(String, String)> = Vec::new();
         let e = S3Store::open_with_vars("s3://bk/v", none).unwrap_err();
         assert!(e.contains("AWS_ACCESS_KEY_ID"), "{e}");
         let e = S3Store::open_with_vars("s3://bk/v", [("AWS_PROFILE", "dev")]).unwrap_err();
-        assert!(e.contains("AWS_PROFILE is not read"), "{e}");
+        assert!(e.contains("AWS_PROFILE=dev: no such profile"), "{e}");
         let e = S3Store::open_with_vars("s3://bk/v", [("AWS_ACCESS_KEY_ID", "x")]).unwrap_err();
         assert!(e.contains("AWS_SECRET_ACCESS_KEY"), "{e}");
         let e = S3Store::open_with_vars(
