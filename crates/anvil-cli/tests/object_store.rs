@@ -92,7 +92,7 @@ fn one_writer_at_a_time_and_a_killed_one_is_taken_over() {
         return;
     };
     // No keeper (classic transport): a killed daemon stays dead.
-    let mut mount = Mount::on_store("1G", Some("transport=classic"), env.clone());
+    let mut mount = Mount::on_store("1G", Some("transport=classic,nowriteback"), env.clone());
     write_synced(&mount.path().join("acked"), b"durable");
     let address = mount.image().to_str().unwrap().to_string();
     let other = tempfile::tempdir().unwrap();
