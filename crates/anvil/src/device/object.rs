@@ -1225,8 +1225,18 @@ impl Shared {
     /// `epoch + 1`, whose fence was put before its claim. So the fence was put before any
     /// later writer listed the segments, and not seeing it is as good as not seeing a claim.
     fn deposed(&self) -> io::Result<bool> {
+        self.deposed_after(true)
+    }
+
+    /// `deposed`, with the store's failures retried (`retry_for`) or given up at once (the
+    /// heartbeat's look, which must not hold an unmount up while the store is away).
+    fn deposed_after(&self, retrying: bool) -> io::Result<bool> {
         let fence = fence_key(self.epoch + 1);
-        let higher = match self.retry("look for a newer writer", || self.store.get(&fence)) {
+        let found = match retrying {
+            true => self.retry("look for a newer writer", || self.store.get(&fence)),
+            false => self.store.get(&fence),
+        };
+        let higher = match found {
             Ok(_) => true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(e) => return Err(e),
@@ -1527,6 +1537,16 @@ impl Shared {
         self.reclaim(garbage);
     }
 
+    /// Waits `interval`, or less when the device is released; whether it was.
+    fn stopped_within(&self, interval: Duration) -> bool {
+        let (lock, wake) = &self.stop;
+        let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (stopped, _) = wake
+            .wait_timeout_while(stopped, interval, |s| !*s)
+            .unwrap_or_else(|e| e.into_inner());
+        *stopped
+    }
+
     /// The writer's uploader: sends what was written as a segment whenever a quarter of a
     /// segment piled up, ahead of the flush that will need it.
     fn upload_ahead(self: Arc<Self>) {
@@ -1562,17 +1582,7 @@ impl Shared {
     fn beat(self: Arc<Self>) {
         let interval = (self.options.lease / 5).max(Duration::from_millis(100));
         let mut n = 0u64;
-        loop {
-            {
-                let (lock, wake) = &self.stop;
-                let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
-                let (stopped, _) = wake
-                    .wait_timeout_while(stopped, interval, |s| !*s)
-                    .unwrap_or_else(|e| e.into_inner());
-                if *stopped {
-                    return;
-                }
-            }
+        while !self.stopped_within(interval) {
             if self.fenced.load(Ordering::SeqCst) {
                 continue;
             }
@@ -1585,8 +1595,8 @@ impl Shared {
                     }
                 }
             }
-            if let Err(e) = self.deposed() {
-                log::warn!("{}: cannot look at the claims: {e}", self.describe());
+            if let Err(e) = self.deposed_after(false) {
+                log::warn!("{}: cannot look for a newer writer: {e}", self.describe());
             }
         }
     }
