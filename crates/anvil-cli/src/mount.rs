@@ -221,6 +221,11 @@ pub fn run(image: &Path, dir: &Path, options: &[String], extras: Extras<'_>) -> 
         config.mount.read_only = true;
         config.replica = true;
     }
+    if config.store_cache_dir.is_some() && !crate::store::is_store(image) {
+        return Err(
+            "option cache_dir is for s3:// volumes (an image is read directly)".to_string(),
+        );
+    }
     if let Some(spec) = as_of {
         config.mount.read_only = true;
         config.as_of = Some(spec.to_string());
