@@ -340,10 +340,11 @@ impl S3Store {
         &self,
         future: impl Future<Output = T> + Send + 'static,
     ) -> io::Result<T> {
+        // The runtime lives until the store is dropped; a request then is refused, not a panic.
         let runtime = self
             .runtime
             .as_ref()
-            .expect("the runtime lives until the store is dropped");
+            .ok_or_else(|| io::Error::other("the object store client is closing"))?;
         if tokio::runtime::Handle::try_current().is_err() {
             // Any number of threads may block on a multi-threaded runtime at once.
             return Ok(runtime.block_on(future));
