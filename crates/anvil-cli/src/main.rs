@@ -711,14 +711,36 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
     let store = |name: &str| value["device"][name].as_u64().unwrap_or(0);
     if value["device"].get("store_segments").is_some() {
         let (hits, misses) = (store("store_cache_hits"), store("store_cache_misses"));
+        let disk_hits = store("store_disk_hits");
+        let share = |n: u64| 100.0 * n as f64 / (hits + misses).max(1) as f64;
         println!(
-            "object store:   {} segments; {} uploaded in {} segments, {} pending; read {} (cache hit rate {:.1}%)",
+            "object store:   {} segments; {} written, {} uploaded (packed) in {} segments, {} pending; read {} (cache hits: memory {:.1}%, disk {:.1}%)",
             store("store_segments"),
+            mib(store("store_written_bytes")),
             mib(store("store_uploaded_bytes")),
             store("store_uploaded_segments"),
             mib(store("store_pending_bytes")),
             mib(store("store_fetched_bytes")),
-            100.0 * hits as f64 / (hits + misses).max(1) as f64
+            share(hits),
+            share(disk_hits),
+        );
+        if store("store_write_waits") > 0 {
+            println!(
+                "                writes waited for the store {} times ({} ms)",
+                store("store_write_waits"),
+                store("store_write_wait_ms")
+            );
+        }
+    }
+    let engine = |name: &str| value["engine"][name].as_u64().unwrap_or(0);
+    if engine("commits") > 0 {
+        let waits = engine("throttled_writers") + engine("log_waits");
+        println!(
+            "commits:        {} since open, {} ms each on average; writers waited for one {} times ({} ms)",
+            engine("commits"),
+            engine("commit_ms") / engine("commits"),
+            waits,
+            engine("throttled_ms") + engine("log_wait_ms")
         );
     }
     if num("evicted_files") > 0 {

@@ -13,7 +13,7 @@
 //! | key | what |
 //! |---|---|
 //! | `anvil-volume` | the marker: format version, size, whether the store honours conditional puts |
-//! | `seg/<seq>-<epoch>` | a segment: header (ranges of the device it holds), then their bytes |
+//! | `seg/<seq>-<epoch>` | a segment: header (ranges of the device it holds), then their bytes, packed in 256 KiB pieces (`packing.rs`) |
 //! | `ckpt/<seq>-<epoch>` | the map as of segment `seq` |
 //! | `claim/<epoch>-<id>` | a writer's claim of the volume (host, pid, time) |
 //! | `fence/<epoch>` | put before the claims of `epoch`: what the writer below looks for |
@@ -70,11 +70,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod disk;
+mod packing;
 
 const MARKER_KEY: &str = "anvil-volume";
 const MARKER_MAGIC: &str = "anvil object volume 1";
 const SEGMENT_MAGIC: &[u8; 8] = b"ANVLSEG1";
-const CHECKPOINT_MAGIC: &[u8; 8] = b"ANVLCKP1";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"ANVLCKP2";
+/// Checkpoints before segments were packed: no stored sizes (each equals the logical one).
+const CHECKPOINT_MAGIC_V1: &[u8; 8] = b"ANVLCKP1";
 /// A checkpoint after this many segments bounds what opening reads.
 const CHECKPOINT_EVERY: u64 = 64;
 /// Every this many segments, sparse ones are repacked (`Shared::repack`)...
@@ -142,6 +145,12 @@ pub struct ObjectStats {
     pub disk_hits: u64,
     pub disk_bytes: u64,
     pub deleted_objects: u64,
+    /// Bytes the engine wrote, and bytes repacks copied (both uploaded in segments).
+    pub written_bytes: u64,
+    pub repacked_bytes: u64,
+    /// Writes that waited for an upload because the store fell behind, and how long.
+    pub write_waits: u64,
+    pub write_wait_ms: u64,
 }
 
 /// An offset or length inside a buffer in memory (or of one about to be).
@@ -480,7 +489,9 @@ impl SegmentHeader {
 struct Segment {
     seq: u64,
     epoch: u64,
+    /// Logical bytes (header and bodies), and the object's own size (packed, they differ).
     bytes: u64,
+    stored: u64,
     /// Bytes of the device the map still finds here.
     live: u64,
     /// The object is gone (reclaimed, or missing from a checkpoint's listing).
@@ -509,6 +520,7 @@ fn encode_checkpoint(
         out.extend_from_slice(&s.seq.to_le_bytes());
         out.extend_from_slice(&s.epoch.to_le_bytes());
         out.extend_from_slice(&s.bytes.to_le_bytes());
+        out.extend_from_slice(&s.stored.to_le_bytes());
     }
     out.extend_from_slice(&(map.map.len() as u64).to_le_bytes());
     for (start, end, loc) in map.iter() {
@@ -524,9 +536,11 @@ fn encode_checkpoint(
 
 fn decode_checkpoint(bytes: &[u8], key: &str) -> io::Result<(Vec<Segment>, RangeMap<Loc>)> {
     let bad = |what: &str| invalid(format!("checkpoint {key} is damaged ({what})"));
-    if bytes.len() < 36 || &bytes[..8] != CHECKPOINT_MAGIC {
-        return Err(bad("no checkpoint magic"));
-    }
+    let stored_sizes = match bytes.get(..8) {
+        Some(magic) if bytes.len() >= 36 && magic == CHECKPOINT_MAGIC => true,
+        Some(magic) if bytes.len() >= 36 && magic == CHECKPOINT_MAGIC_V1 => false,
+        _ => return Err(bad("no checkpoint magic")),
+    };
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     if crc32c::crc32c(body) != le_u32(crc) {
         return Err(bad("checksum"));
@@ -542,10 +556,15 @@ fn decode_checkpoint(bytes: &[u8], key: &str) -> io::Result<(Vec<Segment>, Range
     let mut segments = Vec::with_capacity(count.min(1 << 20));
     for _ in 0..count {
         let (seq, epoch, size) = (u64_of(take(8)?), u64_of(take(8)?), u64_of(take(8)?));
+        let stored = match stored_sizes {
+            true => u64_of(take(8)?),
+            false => size,
+        };
         segments.push(Segment {
             seq,
             epoch,
             bytes: size,
+            stored,
             live: 0,
             gone: false,
         });
@@ -610,17 +629,37 @@ struct State {
     /// The highest epoch among the segments the map was built from (a reader reloads when
     /// a higher one voids what it applied).
     top_epoch: u64,
+    /// How each segment's object holds its bytes, where known: segments uploaded or whose
+    /// header was read since open; others are looked up on their first read (`layout`).
+    layouts: HashMap<(u64, u64), Arc<Layout>>,
+}
+
+/// How a segment's object holds its logical bytes.
+#[derive(Debug)]
+enum Layout {
+    /// As they are (`ANVLSEG1`).
+    Plain,
+    /// In pieces, each packed or not, after a table (`ANVLSEG2`, `packing.rs`).
+    Packed(packing::Packing),
 }
 
 impl State {
-    /// Points the map at segment `(seq, epoch)` of `bytes` bytes, whose header is `header`.
-    /// Returns the segment's index.
-    fn apply(&mut self, epoch: u64, bytes: u64, header: &SegmentHeader) -> usize {
+    /// Points the map at segment `(seq, epoch)` of `bytes` logical bytes in an object of
+    /// `stored` bytes laid out as `layout`, whose header is `header`. Returns the segment's
+    /// index.
+    fn apply(
+        &mut self,
+        epoch: u64,
+        (bytes, stored, layout): (u64, u64, Arc<Layout>),
+        header: &SegmentHeader,
+    ) -> usize {
         let ix = self.segments.len();
+        self.layouts.insert((header.seq, epoch), layout);
         self.segments.push(Segment {
             seq: header.seq,
             epoch,
             bytes,
+            stored,
             live: 0,
             gone: false,
         });
@@ -657,6 +696,10 @@ struct Counters {
     upload_nanos: AtomicU64,
     fence_nanos: AtomicU64,
     deleted: AtomicU64,
+    written_bytes: AtomicU64,
+    repacked_bytes: AtomicU64,
+    write_waits: AtomicU64,
+    write_wait_nanos: AtomicU64,
 }
 
 struct Shared {
@@ -844,7 +887,7 @@ impl ObjectDevice {
         let mut headers = Vec::with_capacity(fresh.len());
         for &(seq, epoch, size) in &fresh {
             match read_segment_header(store, seq, epoch, size) {
-                Ok(header) => headers.push((epoch, size, header)),
+                Ok((header, sizes)) => headers.push((epoch, sizes, header)),
                 // Listed after the writer deleted it (a listing may lag a delete): dead.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
@@ -854,8 +897,8 @@ impl ObjectDevice {
         if state.next_seq != next_seq {
             return Ok(false);
         }
-        for (epoch, size, header) in &headers {
-            state.apply(*epoch, *size, header);
+        for (epoch, sizes, header) in headers.iter() {
+            state.apply(*epoch, sizes.clone(), header);
         }
         Ok(!headers.is_empty())
     }
@@ -878,6 +921,10 @@ impl ObjectDevice {
             fence_ms: c.fence_nanos.load(Ordering::Relaxed) / 1_000_000,
             disk_bytes: shared.disk.as_ref().map_or(0, |d| d.bytes()),
             deleted_objects: c.deleted.load(Ordering::Relaxed),
+            written_bytes: c.written_bytes.load(Ordering::Relaxed),
+            repacked_bytes: c.repacked_bytes.load(Ordering::Relaxed),
+            write_waits: c.write_waits.load(Ordering::Relaxed),
+            write_wait_ms: c.write_wait_nanos.load(Ordering::Relaxed) / 1_000_000,
         }
     }
 
@@ -1103,16 +1150,17 @@ fn load_once(store: &dyn BlobStore) -> io::Result<State> {
         next_seq: base + 1,
         last_checkpoint: base,
         top_epoch,
+        layouts: HashMap::new(),
     };
     for (seq, epoch, size) in after {
-        let header = match read_segment_header(store, seq, epoch, size) {
-            Ok(header) => header,
+        let (header, sizes) = match read_segment_header(store, seq, epoch, size) {
+            Ok(read) => read,
             // Listed after the writer deleted it (a listing may lag a delete): a segment is
             // deleted only once later ones hold everything it held.
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        state.apply(epoch, size, &header);
+        state.apply(epoch, sizes, &header);
     }
     // Numbers past the newest valid segment were used by void ones: never again.
     let listed_next = listed.iter().map(|&(s, _, _)| s + 1).max().unwrap_or(1);
@@ -1129,32 +1177,85 @@ fn list_segments(store: &dyn BlobStore) -> io::Result<Vec<(u64, u64, u64)>> {
         .collect())
 }
 
-/// Segment `(seq, epoch)`'s header, checked against its name.
+/// Logical bytes, stored bytes and layout of a segment, as `State::apply` takes them.
+type Sizes = (u64, u64, Arc<Layout>);
+
+/// Segment `(seq, epoch)`'s header, checked against its name, with its sizes and layout.
 fn read_segment_header(
     store: &dyn BlobStore,
     seq: u64,
     epoch: u64,
     size: u64,
-) -> io::Result<SegmentHeader> {
+) -> io::Result<(SegmentHeader, Sizes)> {
     let key = segment_key(seq, epoch);
-    let header = read_header(store, &key, size)?;
+    let (header, sizes) = read_header(store, &key, size)?;
     if header.seq != seq || header.epoch != epoch {
         return Err(invalid(format!(
             "segment {key} names itself {}-{}",
             header.seq, header.epoch
         )));
     }
-    Ok(header)
+    Ok((header, sizes))
 }
 
-fn read_header(store: &dyn BlobStore, key: &str, size: u64) -> io::Result<SegmentHeader> {
-    let mut bytes = store.get_range(key, 0, in_memory(HEADER_GUESS.min(size)))?;
-    if let Some(needed) = SegmentHeader::needed(&bytes) {
-        if needed > bytes.len() as u64 && needed <= size {
-            bytes = store.get_range(key, 0, in_memory(needed))?;
+/// The first `HEADER_GUESS` bytes of object `key` (of `size` bytes), or more if a table
+/// or header they start says it is longer.
+fn read_prefix(store: &dyn BlobStore, key: &str, size: u64) -> io::Result<Vec<u8>> {
+    let bytes = store.get_range(key, 0, in_memory(HEADER_GUESS.min(size)))?;
+    let needed = match bytes.starts_with(packing::PACKED_MAGIC) {
+        true => packing::table_len(&bytes),
+        false => SegmentHeader::needed(&bytes),
+    };
+    match needed {
+        Some(needed) if needed > bytes.len() as u64 && needed <= size => {
+            store.get_range(key, 0, in_memory(needed))
         }
+        _ => Ok(bytes),
     }
-    SegmentHeader::decode(&bytes, key, size)
+}
+
+fn read_header(store: &dyn BlobStore, key: &str, size: u64) -> io::Result<(SegmentHeader, Sizes)> {
+    let prefix = read_prefix(store, key, size)?;
+    if !prefix.starts_with(packing::PACKED_MAGIC) {
+        let header = SegmentHeader::decode(&prefix, key, size)?;
+        return Ok((header, (size, size, Arc::new(Layout::Plain))));
+    }
+    let table = packing::decode_table(&prefix, key, size)?;
+    if table.pieces.is_empty() {
+        return Err(invalid(format!("segment {key} is damaged (no pieces)")));
+    }
+    // The header is the start of the logical bytes: unpack pieces until it is whole.
+    let mut last = 0;
+    let logical = loop {
+        let (at, len) = table.span(0, last);
+        let stored = match prefix.get(in_memory(at)..in_memory(at) + len) {
+            Some(bytes) => bytes.to_vec(),
+            None => store.get_range(key, at, len)?,
+        };
+        let logical = table.unpack_span(0, last, &stored, key)?;
+        match SegmentHeader::needed(&logical) {
+            Some(needed) if needed > logical.len() as u64 => {
+                let want = in_memory((needed - 1) / PIECE_BYTES);
+                if want <= last || want >= table.pieces.len() {
+                    return Err(invalid(format!(
+                        "segment {key} is damaged (header truncated)"
+                    )));
+                }
+                last = want;
+            }
+            _ => break logical,
+        }
+    };
+    let header = SegmentHeader::decode(&logical, key, table.logical)?;
+    if (header.seq, header.epoch) != (table.seq, table.epoch) {
+        return Err(invalid(format!(
+            "segment {key} is damaged (table and header differ)"
+        )));
+    }
+    Ok((
+        header,
+        (table.logical, size, Arc::new(Layout::Packed(table))),
+    ))
 }
 
 impl Shared {
@@ -1275,12 +1376,12 @@ impl Shared {
         let result = self.put_segment(seq, &pieces);
         let mut state = self.state.write();
         match result {
-            Ok(header) => {
-                let bytes = header.header_len() + pieces.iter().map(|(s, e, _)| e - s).sum::<u64>();
-                let ix = state.apply(self.epoch, bytes, &header);
+            Ok((header, sizes)) => {
+                let stored = sizes.1;
+                let ix = state.apply(self.epoch, sizes, &header);
                 state.uploading = RangeMap::new();
                 let counters = &self.counters;
-                counters.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+                counters.uploaded_bytes.fetch_add(stored, Ordering::Relaxed);
                 counters.uploaded_segments.fetch_add(1, Ordering::Relaxed);
                 *self.last_sign.lock() = Instant::now();
                 let dead = self.dead_segments(&mut state, ix);
@@ -1319,7 +1420,11 @@ impl Shared {
     }
 
     /// Puts segment `seq` holding `pieces` (adjacent ones joined), then checks the fence.
-    fn put_segment(&self, seq: u64, pieces: &[(u64, u64, Written)]) -> io::Result<SegmentHeader> {
+    fn put_segment(
+        &self,
+        seq: u64,
+        pieces: &[(u64, u64, Written)],
+    ) -> io::Result<(SegmentHeader, Sizes)> {
         let mut ranges: Vec<(u64, u32)> = Vec::new();
         for &(start, end, _) in pieces {
             let too_long = || io::Error::other(format!("a write of {} bytes", end - start));
@@ -1346,8 +1451,14 @@ impl Shared {
                 .extend_from_slice(&written.bytes[written.at..written.at + in_memory(end - start)]);
         }
         let key = segment_key(seq, self.epoch);
+        let (packed, table) = packing::pack(seq, self.epoch, &object)?;
+        let sizes = (
+            object.len() as u64,
+            packed.len() as u64,
+            Arc::new(Layout::Packed(table)),
+        );
         let started = Instant::now();
-        self.retry("upload a segment", || self.store.put(&key, &object))?;
+        self.retry("upload a segment", || self.store.put(&key, &packed))?;
         let uploaded = Instant::now();
         if self.deposed()? {
             self.check_fence()?;
@@ -1366,7 +1477,7 @@ impl Shared {
                 disk.put((seq, self.epoch, piece as u64), bytes);
             }
         }
-        Ok(header)
+        Ok((header, sizes))
     }
 
     /// Copies what the map still finds in sparse segments (under half live, or small) into
@@ -1439,6 +1550,9 @@ impl Shared {
                 };
                 state.dirty.insert(start, end, written, |_, _, _| {});
                 state.dirty_bytes += end - start;
+                self.counters
+                    .repacked_bytes
+                    .fetch_add(end - start, Ordering::Relaxed);
             }
         }
         Ok(())
@@ -1451,6 +1565,7 @@ impl Shared {
             if s.live == 0 && !s.gone && ix != newest {
                 s.gone = true;
                 dead.push(s.key());
+                state.layouts.remove(&(s.seq, s.epoch));
             }
         }
         dead
@@ -1648,6 +1763,36 @@ impl Shared {
         }
         Ok(())
     }
+    /// How `segment`'s object holds its bytes: known since its upload or header read, or
+    /// read once now from the start of the object (segments a checkpoint named).
+    fn layout(&self, segment: &Segment) -> io::Result<Arc<Layout>> {
+        let id = (segment.seq, segment.epoch);
+        if let Some(layout) = self.state.read().layouts.get(&id) {
+            return Ok(layout.clone());
+        }
+        let key = segment.key();
+        let prefix = self.retry("read a segment", || {
+            read_prefix(&*self.store, &key, segment.stored)
+        })?;
+        let layout = match prefix.starts_with(packing::PACKED_MAGIC) {
+            true => {
+                let table = packing::decode_table(&prefix, &key, segment.stored)?;
+                if (table.seq, table.epoch, table.logical)
+                    != (segment.seq, segment.epoch, segment.bytes)
+                {
+                    return Err(invalid(format!(
+                        "segment {key} is damaged (its table does not match the checkpoint)"
+                    )));
+                }
+                Layout::Packed(table)
+            }
+            false => Layout::Plain,
+        };
+        let layout = Arc::new(layout);
+        self.state.write().layouts.insert(id, layout.clone());
+        Ok(layout)
+    }
+
     fn piece(&self, segment: &Segment, piece: u64) -> io::Result<Arc<Vec<u8>>> {
         let id = (segment.seq, segment.epoch, piece);
         if let Some(bytes) = self.cache.get(&id) {
@@ -1664,18 +1809,43 @@ impl Shared {
             return Ok(bytes);
         }
         let key = segment.key();
-        let bytes = self
-            .retry("read a segment", || self.store.get_range(&key, from, len))
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => io::Error::new(
-                    e.kind(),
-                    format!("{}: segment {key} is gone (the writer reclaimed it; open the volume again)", self.describe()),
+        let gone = |e: io::Error| match e.kind() {
+            io::ErrorKind::NotFound => io::Error::new(
+                e.kind(),
+                format!(
+                    "{}: segment {key} is gone (the writer reclaimed it; open the volume again)",
+                    self.describe()
                 ),
-                _ => e,
-            })?;
+            ),
+            _ => e,
+        };
+        let layout = self.layout(segment).map_err(gone)?;
+        let (bytes, fetched) = match &*layout {
+            Layout::Plain => {
+                let bytes = self
+                    .retry("read a segment", || self.store.get_range(&key, from, len))
+                    .map_err(gone)?;
+                (bytes, len)
+            }
+            Layout::Packed(table) => {
+                let ix = in_memory(piece);
+                if ix >= table.pieces.len() {
+                    return Err(invalid(format!(
+                        "segment {key} is shorter than its map says"
+                    )));
+                }
+                let (at, stored_len) = table.span(ix, ix);
+                let stored = self
+                    .retry("read a segment", || {
+                        self.store.get_range(&key, at, stored_len)
+                    })
+                    .map_err(gone)?;
+                (table.unpack(ix, &stored, &key)?, stored_len)
+            }
+        };
         self.counters
             .fetched_bytes
-            .fetch_add(len as u64, Ordering::Relaxed);
+            .fetch_add(fetched as u64, Ordering::Relaxed);
         if let Some(disk) = &self.disk {
             disk.put(id, &bytes);
         }
@@ -1767,8 +1937,19 @@ impl Device for ObjectDevice {
             wake.notify_one();
         }
         // Past twice a segment, the writer waits: the store is slower than the writes.
+        shared
+            .counters
+            .written_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         if full >= 2 * shared.options.segment_bytes {
+            let started = Instant::now();
             shared.upload_pending(false)?;
+            let c = &shared.counters;
+            c.write_waits.fetch_add(1, Ordering::Relaxed);
+            c.write_wait_nanos.fetch_add(
+                u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
         }
         Ok(())
     }
@@ -1793,6 +1974,10 @@ impl Device for ObjectDevice {
             ("store_fence_ms", s.fence_ms),
             ("store_disk_bytes", s.disk_bytes),
             ("store_deleted_objects", s.deleted_objects),
+            ("store_written_bytes", s.written_bytes),
+            ("store_repacked_bytes", s.repacked_bytes),
+            ("store_write_waits", s.write_waits),
+            ("store_write_wait_ms", s.write_wait_ms),
         ]
     }
 

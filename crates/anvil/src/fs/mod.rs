@@ -651,6 +651,7 @@ impl Filesystem {
             evicted_files: self.evicted.0.load(Ordering::Relaxed),
             evicted_bytes: self.evicted.1.load(Ordering::Relaxed),
             device: self.volume.device().report(),
+            engine: self.volume.report(),
         }
     }
 

@@ -204,6 +204,8 @@ pub struct VolumeInfo {
     pub evicted_bytes: u64,
     /// The device's own counters (`Device::report`): an object store's uploads and cache.
     pub device: Vec<(&'static str, u64)>,
+    /// The engine's counters (`Volume::report`): commits and writers that waited for them.
+    pub engine: Vec<(&'static str, u64)>,
 }
 
 impl VolumeInfo {
@@ -216,7 +218,7 @@ impl VolumeInfo {
                 "\"data_bytes\":{},\"used_bytes\":{},\"free_bytes\":{},\"reserve_bytes\":{},",
                 "\"committed_tid\":{},\"commit_time_ns\":{},\"created_time_ns\":{},",
                 "\"objects_allocated\":{},\"objects\":{},\"pending_bytes\":{},\"cache_bytes\":{},",
-                "\"read_only\":{},\"evicted_files\":{},\"evicted_bytes\":{},\"device\":{{{}}}}}"
+                "\"read_only\":{},\"evicted_files\":{},\"evicted_bytes\":{},\"device\":{{{}}},\"engine\":{{{}}}}}"
             ),
             escape(&self.label),
             self.volume_id,
@@ -235,13 +237,18 @@ impl VolumeInfo {
             self.read_only,
             self.evicted_files,
             self.evicted_bytes,
-            self.device
-                .iter()
-                .map(|(name, value)| format!("\"{name}\":{value}"))
-                .collect::<Vec<_>>()
-                .join(",")
+            counters_json(&self.device),
+            counters_json(&self.engine),
         )
     }
+}
+
+fn counters_json(counters: &[(&str, u64)]) -> String {
+    counters
+        .iter()
+        .map(|(name, value)| format!("\"{name}\":{value}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A snapshot: a committed TID kept by prune, with a label and creation time.

@@ -321,6 +321,8 @@ pub struct Volume {
     /// flush when another caller's already covered its batch).
     log_appends: AtomicU64,
     log_flushed: AtomicU64,
+    /// What commits cost and how long writers waited for them (`report`).
+    counters: Counters,
     /// Where changes are logged between fsyncs, if not in the image (`shadow.rs`).
     shadow: Option<shadow::ShadowLog>,
     /// Locality hints for the next commit: an object's data goes right after the data of
@@ -385,6 +387,22 @@ pub struct Usage {
 
 fn now_ns() -> u64 {
     Timestamp::now().as_ns()
+}
+
+/// Event counts and the nanoseconds they took (`Volume::report`).
+#[derive(Default)]
+struct Counters {
+    commits: (AtomicU64, AtomicU64),
+    throttled: (AtomicU64, AtomicU64),
+    log_waits: (AtomicU64, AtomicU64),
+}
+
+impl Counters {
+    fn waited(&self, counter: &(AtomicU64, AtomicU64), since: std::time::Instant) {
+        let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counter.0.fetch_add(1, Ordering::Relaxed);
+        counter.1.fetch_add(nanos, Ordering::Relaxed);
+    }
 }
 
 impl Volume {
@@ -607,6 +625,7 @@ impl Volume {
             space_map_read,
             log_appends: AtomicU64::new(0),
             log_flushed: AtomicU64::new(0),
+            counters: Counters::default(),
             shadow,
             locality: Mutex::new(HashMap::new()),
             clusters_wanted: AtomicBool::new(false),
@@ -915,6 +934,22 @@ impl Volume {
     }
     pub fn device(&self) -> &dyn Device {
         &*self.device
+    }
+
+    /// The engine's counters since open, for `anvil info`: commits and the time they took,
+    /// and writers that waited for a commit (over the memory budget, or for a group that
+    /// was frozen before its changes reached the log), with the time they waited.
+    pub fn report(&self) -> Vec<(&'static str, u64)> {
+        let c = &self.counters;
+        let millis = |a: &(AtomicU64, AtomicU64)| a.1.load(Ordering::Relaxed) / 1_000_000;
+        vec![
+            ("commits", c.commits.0.load(Ordering::Relaxed)),
+            ("commit_ms", millis(&c.commits)),
+            ("throttled_writers", c.throttled.0.load(Ordering::Relaxed)),
+            ("throttled_ms", millis(&c.throttled)),
+            ("log_waits", c.log_waits.0.load(Ordering::Relaxed)),
+            ("log_wait_ms", millis(&c.log_waits)),
+        ]
     }
     pub(crate) fn loader(&self) -> Loader<'_> {
         Loader {
@@ -1291,6 +1326,7 @@ impl Volume {
                 return;
             }
             self.wake_committer();
+            let started = std::time::Instant::now();
             let mut generation = self.commit_signal.0.lock();
             let seen = *generation;
             self.commit_signal.1.wait_while_for(
@@ -1298,6 +1334,8 @@ impl Volume {
                 |g| *g == seen,
                 Duration::from_millis(100),
             );
+            drop(generation);
+            self.counters.waited(&self.counters.throttled, started);
         }
     }
 
@@ -1464,7 +1502,10 @@ impl Volume {
                 return Err(e);
             }
         };
-        match self.write_commit(&frozen, &old_root, superblock) {
+        let started = std::time::Instant::now();
+        let written = self.write_commit(&frozen, &old_root, superblock);
+        self.counters.waited(&self.counters.commits, started);
+        match written {
             Ok((new_root, freed, sb, ahead)) => {
                 let tid = sb.committed_tid;
                 {
@@ -2183,12 +2224,15 @@ impl Volume {
     /// Waits until a commit newer than `generation` ends (or a while, so that callers
     /// re-check a volume that a failed commit stopped).
     fn wait_for_commit(&self, generation: u64) {
+        let started = std::time::Instant::now();
         let mut current = self.commit_signal.0.lock();
         self.commit_signal.1.wait_while_for(
             &mut current,
             |g| *g == generation,
             Duration::from_millis(100),
         );
+        drop(current);
+        self.counters.waited(&self.counters.log_waits, started);
     }
 
     /// Makes every change made so far durable through the redo log (fsync): `log_changes`,

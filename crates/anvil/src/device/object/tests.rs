@@ -120,6 +120,57 @@ fn writes_read_back_before_and_after_flush_and_from_a_reader() {
 }
 
 #[test]
+fn segments_are_packed_and_plain_ones_still_read() {
+    let (store, shared) = volume(64 << 20);
+    let device = ObjectDevice::open(shared.clone(), writer()).unwrap();
+    // A node-like block (mostly zeros) and noise, which stays plain.
+    let mut noise = vec![0u8; 300_000];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for b in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut node = vec![0u8; 16384];
+    node[..64].fill(9);
+    device.write_at(&node, 1 << 20).unwrap();
+    device.flush().unwrap();
+    device.write_at(&noise, 4 << 20).unwrap();
+    device.flush().unwrap();
+    let stats = device.stats();
+    assert_eq!(stats.written_bytes, 16384 + 300_000);
+    assert!(
+        stats.uploaded_bytes < 300_000 + 4096,
+        "the node packs, the noise is not inflated: {stats:?}"
+    );
+    device.release();
+    let check = |label: &str| {
+        let reader = ObjectDevice::open(shared.clone(), reader()).unwrap();
+        assert_eq!(read(&reader, 1 << 20, 16384), node, "{label}");
+        assert_eq!(read(&reader, 4 << 20, 300_000), noise, "{label}");
+    };
+    check("packed");
+    // Segments as an earlier anvil wrote them: the logical bytes as they are.
+    for (key, _) in store
+        .keys()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("seg/"))
+    {
+        let object = shared.get(&key).unwrap();
+        let table = packing::decode_table(&object, &key, object.len() as u64).unwrap();
+        let last = table.pieces.len() - 1;
+        let (at, len) = table.span(0, last);
+        let logical = table
+            .unpack_span(0, last, &object[in_memory(at)..in_memory(at) + len], &key)
+            .unwrap();
+        assert!(logical.starts_with(SEGMENT_MAGIC));
+        store.tamper(&key, logical);
+    }
+    check("plain");
+}
+
+#[test]
 fn overwritten_segments_are_deleted_and_checkpoints_bound_opening() {
     let (store, shared) = volume(64 << 20);
     let device = ObjectDevice::open(shared.clone(), writer()).unwrap();
