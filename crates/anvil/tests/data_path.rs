@@ -413,6 +413,59 @@ fn live_patches(fs: &Filesystem, ino: u64, index: u64) -> (usize, u32) {
     (found.len(), pages)
 }
 
+/// A chunk rewritten in two halves (as the kernel's writeback sends 1 MiB writes that start
+/// inside a chunk) is patches that cover it whole: the fold makes the new chunk from them
+/// without reading the old one, here made unreadable on purpose.
+#[test]
+fn a_chunk_its_patches_cover_is_folded_without_reading_it() {
+    use anvil::format::record::{rtype, Payload};
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "cover").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
+    let mut content: Vec<u8> = (0..(128 << 10)).map(|_| rng.gen()).collect();
+    let ino = fs.write_file("/f", &content).unwrap();
+    fs.sync().unwrap();
+    let mut old_chunk = None;
+    fs.volume()
+        .scan(&mut |e| {
+            if e.key.obj == ino && e.key.rtype == rtype::DATA && e.key.key == 2 * 65536 {
+                if let Payload::Extent(extent) = &e.payload {
+                    old_chunk = Some(extent.offset);
+                }
+            }
+            true
+        })
+        .unwrap();
+    let old_chunk = old_chunk.expect("chunk 1 is an extent") as usize;
+    fs.close().unwrap();
+    drop(fs);
+    let mut image = device.to_bytes();
+    image[old_chunk + 1000] ^= 0x20;
+    let fs = Filesystem::open(
+        Arc::new(MemDevice::from_bytes(image)) as Arc<dyn Device>,
+        options(),
+    )
+    .unwrap();
+    let new_half: Vec<u8> = (0..32768).map(|_| rng.gen()).collect();
+    fs.write(ino, 65536 + 32768, &new_half).unwrap();
+    content[65536 + 32768..].copy_from_slice(&new_half);
+    let new_half: Vec<u8> = (0..32768).map(|_| rng.gen()).collect();
+    fs.write(ino, 65536, &new_half).unwrap();
+    content[65536..65536 + 32768].copy_from_slice(&new_half);
+    fs.sync().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while live_patches(&fs, ino, 1).0 > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not folded (the fold read the damaged chunk?)"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(fs.read_file("/f").unwrap(), content);
+    fs.close().unwrap();
+}
+
 /// Past the soft bounds a small write still stores a patch and the chunk is folded in the
 /// background; contents stay exact at every TID; the hard bound is never passed.
 #[test]

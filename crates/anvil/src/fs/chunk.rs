@@ -111,24 +111,63 @@ pub(crate) fn apply_patches(
 /// The current bytes of chunk `index`: its DATA record with its patches applied. None for
 /// a hole.
 pub(super) fn chunk_bytes(tx: &Tx<'_>, obj: u64, index: u64) -> Step<Option<Arc<Vec<u8>>>> {
-    let base = tx.get_bytes(chunk_key(obj, index))?;
     let found = patches(tx, obj, index, index)?;
     if found.is_empty() {
-        return Ok(base);
+        return tx.get_bytes(chunk_key(obj, index));
     }
-    let Some(base) = base else {
-        return Err(Stop::Fail(Error::corrupt(
+    let missing = || {
+        Stop::Fail(Error::corrupt(
             "patch of a chunk that does not exist",
             format!("object {obj} at file offset {}", index * DATA_CHUNK_BYTES),
-        )));
+        ))
+    };
+    let Some(data) = tx.get(chunk_key(obj, index))? else {
+        return Err(missing());
+    };
+    // Patches that write every byte leave nothing of the DATA record to read: the kernel's
+    // writeback sends 1 MiB writes that begin anywhere a page does, so a chunk rewritten
+    // across two of them is a patch over a chunk it replaces whole.
+    let mut bytes = match patches_cover(&found, value_len(&data)) {
+        true => vec![0u8; value_len(&data)],
+        false => tx
+            .get_bytes(chunk_key(obj, index))?
+            .ok_or_else(missing)?
+            .to_vec(),
     };
     let mut resolved = Vec::with_capacity(found.len());
     for (key, value, tid) in found {
         resolved.push((key, tx.resolve(&value)?, tid));
     }
-    let mut bytes = base.to_vec();
     apply_patches(&mut bytes, &mut resolved, obj)?;
     Ok(Some(Arc::new(bytes)))
+}
+
+/// Whether `found` (patches of one chunk) write every byte of the chunk: of its DATA
+/// record's `data_len` bytes and of whatever they extend it by.
+fn patches_cover(found: &[(u64, Value, u64)], data_len: usize) -> bool {
+    let mut ranges = Vec::new();
+    let mut len = data_len;
+    for (key, value, _) in found {
+        let bitmap = patch::split(*key).1;
+        let Some(end) = patch::end(bitmap, value_len(value)) else {
+            return false; // damaged: the slow path names it
+        };
+        len = len.max(end);
+        ranges.extend(
+            (0..patch::PAGES)
+                .filter(|p| bitmap & (1 << p) != 0)
+                .filter_map(|p| patch::page_range(p, end)),
+        );
+    }
+    ranges.sort_unstable_by_key(|r| r.start);
+    let mut covered = 0;
+    for range in ranges {
+        if range.start > covered {
+            return false;
+        }
+        covered = covered.max(range.end);
+    }
+    covered >= len
 }
 
 /// Removes the patches of chunks `first..=last` (their DATA records are being replaced or
