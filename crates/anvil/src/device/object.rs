@@ -1890,8 +1890,12 @@ impl Device for ObjectDevice {
         match self.read_mapped(buf, offset) {
             // A reader's map can name a segment its writer has since reclaimed (every byte
             // of it written again later): the writer's newer segments say where they went.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.shared.options.writable => {
-                self.refresh()?;
+            // The writer's own map moves on too while a read is between the map and the
+            // store (a repack copies a sparse segment's bytes and deletes it): read again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if !self.shared.options.writable {
+                    self.refresh()?;
+                }
                 self.read_mapped(buf, offset)
             }
             done => done,
