@@ -50,15 +50,22 @@ pub(super) fn pack(seq: u64, epoch: u64, logical: &[u8]) -> io::Result<(Vec<u8>,
     let chunks: Vec<&[u8]> = logical.chunks(in_memory(PIECE_BYTES)).collect();
     let count = u32::try_from(chunks.len())
         .map_err(|_| io::Error::other("a segment of too many pieces"))?;
-    let mut bodies: Vec<(Vec<u8>, bool)> = Vec::with_capacity(chunks.len());
-    for chunk in &chunks {
-        let packed = lz4_flex::block::compress(chunk);
-        if packed.len() + chunk.len() / 8 <= chunk.len() {
-            bodies.push((packed, true));
-        } else {
-            bodies.push((chunk.to_vec(), false));
-        }
-    }
+    // Each piece packed, or None where packing saves less than an eighth (stored as is).
+    let packed: Vec<Option<Vec<u8>>> = chunks
+        .iter()
+        .map(|chunk| {
+            let packed = lz4_flex::block::compress(chunk);
+            (packed.len() + chunk.len() / 8 <= chunk.len()).then_some(packed)
+        })
+        .collect();
+    let bodies: Vec<(&[u8], bool)> = chunks
+        .iter()
+        .zip(&packed)
+        .map(|(chunk, packed)| match packed {
+            Some(packed) => (packed.as_slice(), true),
+            None => (*chunk, false),
+        })
+        .collect();
     let table = in_memory(TABLE_FIXED) + 8 * chunks.len();
     let total = table + bodies.iter().map(|(b, _)| b.len()).sum::<usize>();
     let mut out = Vec::with_capacity(total);
