@@ -544,6 +544,12 @@ fn a_large_fsync_commits_and_a_small_one_copies_the_log() {
         "a small fsync copies the log"
     );
     assert!(fs.info().pending_bytes > 0);
+    let commits = |fs: &Filesystem| {
+        let info = fs.info();
+        let count = |name: &str| info.engine.iter().find(|(n, _)| *n == name).unwrap().1;
+        count("commits")
+    };
+    assert_eq!(commits(&fs), 0, "anvil info counts no commit yet");
     fs.write_file("/big", b"").unwrap();
     let ino = fs.resolve("/big").unwrap();
     let big = text(1_500_000, 1);
@@ -552,6 +558,8 @@ fn a_large_fsync_commits_and_a_small_one_copies_the_log() {
     }
     fs.fsync(ino).unwrap();
     assert!(fs.info().committed_tid > before, "a large fsync commits");
+    assert!(commits(&fs) >= 1, "and anvil info counts it");
+    assert!(fs.info().to_json().contains("\"engine\":{\"commits\":"));
     assert_eq!(fs.info().pending_bytes, 0);
     assert_eq!(fs.read_file("/big").unwrap(), text(1_500_000, 1));
     assert_clean(&fs);
