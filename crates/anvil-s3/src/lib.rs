@@ -731,7 +731,6 @@ fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Whitespace runs (newlines among them) as single spaces.
 /// The settings of the AWS profile (`AWS_PROFILE`, else `default`) as AWS_* variables:
 /// keys and session token from the shared credentials file (`AWS_SHARED_CREDENTIALS_FILE`,
 /// else `~/.aws/credentials`), region and endpoint from the config file (`AWS_CONFIG_FILE`,
@@ -794,6 +793,7 @@ fn profile_vars(vars: &[(String, String)]) -> Result<Vec<(String, String)>, Stri
     Ok(out)
 }
 
+/// Whitespace runs (newlines among them) as single spaces.
 fn flatten(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

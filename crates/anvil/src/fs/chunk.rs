@@ -115,24 +115,18 @@ pub(super) fn chunk_bytes(tx: &Tx<'_>, obj: u64, index: u64) -> Step<Option<Arc<
     if found.is_empty() {
         return tx.get_bytes(chunk_key(obj, index));
     }
-    let missing = || {
-        Stop::Fail(Error::corrupt(
+    let Some(data) = tx.get(chunk_key(obj, index))? else {
+        return Err(Stop::Fail(Error::corrupt(
             "patch of a chunk that does not exist",
             format!("object {obj} at file offset {}", index * DATA_CHUNK_BYTES),
-        ))
-    };
-    let Some(data) = tx.get(chunk_key(obj, index))? else {
-        return Err(missing());
+        )));
     };
     // Patches that write every byte leave nothing of the DATA record to read: the kernel's
     // writeback sends 1 MiB writes that begin anywhere a page does, so a chunk rewritten
     // across two of them is a patch over a chunk it replaces whole.
     let mut bytes = match patches_cover(&found, value_len(&data)) {
         true => vec![0u8; value_len(&data)],
-        false => tx
-            .get_bytes(chunk_key(obj, index))?
-            .ok_or_else(missing)?
-            .to_vec(),
+        false => tx.resolve(&data)?.to_vec(),
     };
     let mut resolved = Vec::with_capacity(found.len());
     for (key, value, tid) in found {
