@@ -413,16 +413,18 @@ fn live_patches(fs: &Filesystem, ino: u64, index: u64) -> (usize, u32) {
     (found.len(), pages)
 }
 
-/// A chunk rewritten in two halves (as the kernel's writeback sends 1 MiB writes that start
-/// inside a chunk) is patches that cover it whole: the fold makes the new chunk from them
-/// without reading the old one, here made unreadable on purpose.
-#[test]
-fn a_chunk_its_patches_cover_is_folded_without_reading_it() {
+/// A volume whose file "/f" (128 KiB) has chunk 1 damaged on the device and then rewritten
+/// in two halves, as the kernel's writeback sends 1 MiB writes that start inside a chunk:
+/// two patches that cover it whole. Returns the file system, the file and its contents.
+fn damaged_chunk_rewritten_in_halves(
+    seed: u64,
+    thread_start: Option<fn()>,
+) -> (Filesystem, u64, Vec<u8>) {
     use anvil::format::record::{rtype, Payload};
     let device = Arc::new(MemDevice::new(0));
     Filesystem::mkfs(device.clone(), 64 << 20, "cover").unwrap();
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut content: Vec<u8> = (0..(128 << 10)).map(|_| rng.gen()).collect();
     let ino = fs.write_file("/f", &content).unwrap();
     fs.sync().unwrap();
@@ -444,7 +446,10 @@ fn a_chunk_its_patches_cover_is_folded_without_reading_it() {
     image[old_chunk + 1000] ^= 0x20;
     let fs = Filesystem::open(
         Arc::new(MemDevice::from_bytes(image)) as Arc<dyn Device>,
-        options(),
+        MountOptions {
+            background_thread_start: thread_start,
+            ..options()
+        },
     )
     .unwrap();
     let new_half: Vec<u8> = (0..32768).map(|_| rng.gen()).collect();
@@ -453,6 +458,14 @@ fn a_chunk_its_patches_cover_is_folded_without_reading_it() {
     let new_half: Vec<u8> = (0..32768).map(|_| rng.gen()).collect();
     fs.write(ino, 65536, &new_half).unwrap();
     content[65536..65536 + 32768].copy_from_slice(&new_half);
+    (fs, ino, content)
+}
+
+/// The fold makes a chunk its patches cover whole from the patches alone, without reading
+/// the old chunk (made unreadable on purpose).
+#[test]
+fn a_chunk_its_patches_cover_is_folded_without_reading_it() {
+    let (fs, ino, content) = damaged_chunk_rewritten_in_halves(5, None);
     fs.sync().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while live_patches(&fs, ino, 1).0 > 0 {
@@ -463,6 +476,34 @@ fn a_chunk_its_patches_cover_is_folded_without_reading_it() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert_eq!(fs.read_file("/f").unwrap(), content);
+    fs.close().unwrap();
+}
+
+/// Holds the engine's background threads (folds, read-ahead) until `BACKGROUND_GO`, at
+/// most five seconds.
+static BACKGROUND_GO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+fn background_waits() {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !BACKGROUND_GO.load(std::sync::atomic::Ordering::Acquire)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A read of a chunk its patches cover whole, before any fold, needs only the patches: the
+/// old chunk (unreadable here) is not read, while the patches are in memory and once they
+/// are committed.
+#[test]
+fn a_chunk_its_patches_cover_is_read_without_reading_it() {
+    let (fs, ino, content) = damaged_chunk_rewritten_in_halves(6, Some(background_waits));
+    assert_eq!(live_patches(&fs, ino, 1).1, 16, "not folded yet");
+    assert_eq!(fs.read_file("/f").unwrap(), content);
+    fs.sync().unwrap();
+    fs.volume().drop_caches();
+    assert_eq!(live_patches(&fs, ino, 1).1, 16, "not folded yet");
+    assert_eq!(fs.read_file("/f").unwrap(), content);
+    BACKGROUND_GO.store(true, std::sync::atomic::Ordering::Release);
     fs.close().unwrap();
 }
 

@@ -18,6 +18,7 @@ use crate::format::record::{
     compression, inode_flags, patch, rtype, Inode, LogicalKey, DATA_CHUNK_BYTES,
 };
 use crate::volume::{Tx, Value};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Live patches of a chunk past which a background fold is asked for.
@@ -136,6 +137,27 @@ pub(super) fn chunk_bytes(tx: &Tx<'_>, obj: u64, index: u64) -> Step<Option<Arc<
     Ok(Some(Arc::new(bytes)))
 }
 
+/// Of `chunks` (DATA records as (key, value, create_tid)), the indexes of those whose
+/// patches among `patches` (in key order) write every byte: a read needs only the patches.
+pub(super) fn covered_by_patches(
+    chunks: &[(u64, Value, u64)],
+    patches: &[(u64, Value, u64)],
+) -> HashSet<u64> {
+    let mut covered = HashSet::new();
+    let mut rest = patches;
+    for (key, value, _) in chunks {
+        let index = key / DATA_CHUNK_BYTES - 1;
+        let start = rest.partition_point(|(k, _, _)| patch::split(*k).0 < index);
+        let len = rest[start..].partition_point(|(k, _, _)| patch::split(*k).0 == index);
+        let found = &rest[start..start + len];
+        if !found.is_empty() && patches_cover(found, value_len(value)) {
+            covered.insert(index);
+        }
+        rest = &rest[start + len..];
+    }
+    covered
+}
+
 /// Whether `found` (patches of one chunk) write every byte of the chunk: of its DATA
 /// record's `data_len` bytes and of whatever they extend it by.
 fn patches_cover(found: &[(u64, Value, u64)], data_len: usize) -> bool {
@@ -174,7 +196,7 @@ pub(super) fn drop_patches(tx: &mut Tx<'_>, obj: u64, first: u64, last: u64) -> 
 }
 
 /// Bytes a value holds.
-fn value_len(value: &Value) -> usize {
+pub(super) fn value_len(value: &Value) -> usize {
     match value {
         Value::Bytes(bytes) => bytes.len(),
         Value::Extent(extent) => extent.logical_bytes as usize,

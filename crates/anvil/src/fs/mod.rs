@@ -1040,7 +1040,6 @@ impl Filesystem {
     /// Reads up to `size` bytes at `offset`. Holes read as zeros.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         self.touch_evictable(ino);
-        self.prefetch.wait_for(ino, offset, u64::from(size));
         let (file_size, chunks, patches, root) = self.volume.run(false, |tx| {
             let inode = load_inode(tx, ino)?;
             if inode.is_dir() {
@@ -1065,17 +1064,29 @@ impl Filesystem {
         if offset >= end {
             return Ok(Vec::new());
         }
+        // Read-ahead is asked for before this read's own extents are read (beyond them), and
+        // this read waits for any piece of its range already asked for.
+        self.prefetch
+            .note_read(ino, offset, end - offset, file_size);
+        self.prefetch.wait_for(ino, offset, end - offset);
         #[expect(
             clippy::cast_possible_truncation,
             reason = "end is at most offset + size, and size is a u32"
         )]
         let mut out = vec![0u8; (end - offset) as usize];
+        // A chunk its patches write whole is not read (the kernel's writeback cuts 1 MiB
+        // writes anywhere a page starts, so a rewritten chunk is often two patches).
+        let patched_whole = chunk::covered_by_patches(&chunks, &patches);
+        let is_patched_whole = |key: u64| patched_whole.contains(&(key / DATA_CHUNK_BYTES - 1));
         // Every extent, of chunks and of patches, read in one pass (neighbours merged). A
         // chunk this read covers whole goes to the kernel's page cache whole: the engine's
         // cache keeps no second copy of it.
         let mut extents = Vec::new();
         let mut covered = Vec::new();
-        let tagged = chunks.iter().map(|c| (c, true));
+        let tagged = chunks
+            .iter()
+            .filter(|(key, _, _)| !is_patched_whole(*key))
+            .map(|c| (c, true));
         for ((key, value, _), is_chunk) in tagged.chain(patches.iter().map(|p| (p, false))) {
             if let Value::Extent(extent) = value {
                 let chunk_start = key.saturating_sub(DATA_CHUNK_BYTES);
@@ -1107,7 +1118,12 @@ impl Filesystem {
         };
         let mut chunk_bytes = Vec::with_capacity(chunks.len());
         for (key, value, create_tid) in &chunks {
-            chunk_bytes.push((*key, resolve(value, key - DATA_CHUNK_BYTES, *create_tid)?));
+            let bytes = match is_patched_whole(*key) {
+                // Every byte comes from the patches, applied below.
+                true => Arc::new(vec![0u8; chunk::value_len(value)]),
+                false => resolve(value, key - DATA_CHUNK_BYTES, *create_tid)?,
+            };
+            chunk_bytes.push((*key, bytes));
         }
         let mut patch_bytes = chunk::PatchesByChunk::new();
         for (key, value, create_tid) in &patches {
@@ -1141,8 +1157,6 @@ impl Filesystem {
             }
         }
         drop(root);
-        self.prefetch
-            .note_read(ino, offset, out.len() as u64, file_size);
         Ok(out)
     }
 

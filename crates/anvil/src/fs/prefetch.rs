@@ -1,15 +1,18 @@
-//! The engine's background thread: read-ahead of files read in sequence, and folds of
+//! The engine's background threads: read-ahead of files read in sequence, and folds of
 //! chunks whose patches passed their soft bounds.
 //!
 //! With O_DIRECT on the device nothing below the engine reads ahead, so a file read front to
 //! back would wait for the device on every request. `Filesystem::read` reports each read
-//! here; when a file's reads move forward, the thread reads, verifies and decodes the
-//! extents ahead of the reader into the engine's cache, overlapping device I/O with the
-//! transport. The window starts at four times the request and doubles with every request
-//! that continues the stream, up to 4 MiB, as the kernel's own read-ahead ramps up. A read
-//! that reaches the range the thread is reading waits for it (briefly) instead of reading
-//! the same extents from the device a second time. Random reads (anything that jumps back
-//! or far ahead) start nothing.
+//! here; when a file's reads move forward, the threads read, verify and decode the extents
+//! ahead of the reader into the engine's cache, overlapping device I/O with the transport.
+//! The window starts at four times the request and doubles with every request that
+//! continues the stream, up to 4 MiB, as the kernel's own read-ahead ramps up. The window
+//! is read in pieces of at most 1 MiB (ending on 1 MiB file offsets) by a small pool of
+//! threads, so that the device has a second request while the first one's bytes are
+//! verified and copied, and a new piece is asked for as soon as the reader has used one. A
+//! read that reaches a piece asked for or being read waits for that piece (briefly) instead
+//! of reading the same extents from the device a second time. Random reads (anything that
+//! jumps back or far ahead) start nothing.
 //!
 //! A small write that leaves a chunk with many patches asks for a fold (`chunk::fold`):
 //! reading the chunk and its patches back from the device is done here, not while the
@@ -22,13 +25,17 @@ use crate::format::record::{rtype, Inode, LogicalKey, DATA_CHUNK_BYTES};
 use crate::volume::{Value, Volume};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Reads this far ahead of a sequential reader at most, and at least this far.
 const AHEAD_BYTES_MAX: u64 = 4 << 20;
 const AHEAD_BYTES_MIN: u64 = 256 << 10;
+/// A read-ahead job covers at most this much of a file, ending on a multiple of it.
+const PIECE_BYTES: u64 = 1 << 20;
+/// Threads reading ahead (and folding): two keep the device busy while one verifies.
+const THREADS: usize = 2;
 /// A read counts as sequential if it starts within this distance after the previous end
 /// (the kernel's read-ahead requests can arrive slightly out of order).
 const SLACK_BYTES: u64 = 1 << 20;
@@ -46,16 +53,27 @@ struct Stream {
     window: u64,
 }
 
-/// The read-ahead being done now: object, byte range.
+/// The read-ahead pieces asked for and not yet done: object, byte range.
 #[derive(Default)]
 struct InFlight {
-    job: Mutex<Option<(u64, u64, u64)>>,
+    pieces: Mutex<Vec<(u64, u64, u64)>>,
     done: Condvar,
 }
 
+impl InFlight {
+    fn finish(&self, piece: (u64, u64, u64)) {
+        let mut pieces = self.pieces.lock();
+        if let Some(at) = pieces.iter().position(|&p| p == piece) {
+            pieces.swap_remove(at);
+        }
+        drop(pieces);
+        self.done.notify_all();
+    }
+}
+
 enum Job {
-    /// Read `len` bytes of object `ino` from `offset` into the cache.
-    ReadAhead { ino: u64, offset: u64, len: u64 },
+    /// Read `[offset, end)` of object `ino` into the cache.
+    ReadAhead { ino: u64, offset: u64, end: u64 },
     /// Fold chunk `index` of object `ino`.
     Fold { ino: u64, index: u64 },
 }
@@ -63,67 +81,61 @@ enum Job {
 pub(super) struct Prefetcher {
     sender: Mutex<Option<SyncSender<Job>>>,
     streams: Mutex<HashMap<u64, Stream>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     in_flight: Arc<InFlight>,
 }
 
 impl Prefetcher {
     pub fn start(volume: Arc<Volume>, thread_start: Option<fn()>) -> Prefetcher {
         let (sender, receiver) = sync_channel::<Job>(256);
+        let receiver = Arc::new(Mutex::new(receiver));
         let in_flight = Arc::new(InFlight::default());
-        let flight = in_flight.clone();
-        let thread = std::thread::Builder::new()
-            .name("anvil-prefetch".into())
-            .spawn(move || {
-                if let Some(start) = thread_start {
-                    start();
-                }
-                while let Ok(job) = receiver.recv() {
-                    match job {
-                        Job::ReadAhead { ino, offset, len } => {
-                            *flight.job.lock() = Some((ino, offset, offset + len));
-                            if let Err(e) = prefetch(&volume, ino, offset, len) {
-                                log::debug!("read-ahead of object {ino} at {offset} stopped: {e}");
-                            }
-                            *flight.job.lock() = None;
-                            flight.done.notify_all();
+        let threads: Vec<JoinHandle<()>> = (0..THREADS)
+            .filter_map(|i| {
+                let (volume, receiver, flight) =
+                    (volume.clone(), receiver.clone(), in_flight.clone());
+                std::thread::Builder::new()
+                    .name(format!("anvil-prefetch-{i}"))
+                    .spawn(move || {
+                        if let Some(start) = thread_start {
+                            start();
                         }
-                        Job::Fold { ino, index } => {
-                            if let Err(e) = super::Filesystem::fold_chunk(&volume, ino, index) {
-                                log::debug!("fold of object {ino} chunk {index} failed: {e}");
-                            }
-                        }
-                    }
-                }
+                        work(&volume, &receiver, &flight);
+                    })
+                    .ok()
             })
-            .ok();
+            .collect();
         Prefetcher {
-            sender: Mutex::new(thread.as_ref().map(|_| sender)),
+            sender: Mutex::new((!threads.is_empty()).then_some(sender)),
             streams: Mutex::new(HashMap::new()),
-            thread: Mutex::new(thread),
+            threads: Mutex::new(threads),
             in_flight,
         }
     }
 
-    /// Waits (at most `WAIT_MAX`) while the thread reads ahead a range that overlaps
-    /// `[offset, offset + len)` of `ino`: the read then finds its extents in the cache.
+    /// Waits (at most `WAIT_MAX`) while a read-ahead piece that overlaps
+    /// `[offset, offset + len)` of `ino` is asked for or being read: the read then finds
+    /// its extents in the cache.
     pub fn wait_for(&self, ino: u64, offset: u64, len: u64) {
         let end = offset.saturating_add(len);
-        let overlaps = |job: &Option<(u64, u64, u64)>| {
-            job.is_some_and(|(i, lo, hi)| i == ino && lo < end && offset < hi)
+        let overlaps = |pieces: &Vec<(u64, u64, u64)>| {
+            pieces
+                .iter()
+                .any(|&(i, lo, hi)| i == ino && lo < end && offset < hi)
         };
-        let mut job = self.in_flight.job.lock();
-        if overlaps(&job) {
+        let mut pieces = self.in_flight.pieces.lock();
+        if overlaps(&pieces) {
             self.in_flight
                 .done
-                .wait_while_for(&mut job, |job| overlaps(job), WAIT_MAX);
+                .wait_while_for(&mut pieces, |pieces| overlaps(pieces), WAIT_MAX);
         }
     }
 
     /// Notes a read of `[offset, offset + len)` of `ino` (a file of `size` bytes) and asks
     /// for read-ahead if the file is being read in sequence.
     pub fn note_read(&self, ino: u64, offset: u64, len: u64, size: u64) {
-        let request = {
+        let mut jobs = Vec::new();
+        {
             let mut streams = self.streams.lock();
             if streams.len() >= STREAMS_MAX && !streams.contains_key(&ino) {
                 streams.clear();
@@ -146,21 +158,27 @@ impl Prefetcher {
                 0 => (4 * len).clamp(AHEAD_BYTES_MIN, AHEAD_BYTES_MAX),
                 window => (2 * window).min(AHEAD_BYTES_MAX),
             };
-            let window = stream.window;
-            let want = stream.next.saturating_add(window).min(size);
-            let from = stream.ahead.max(stream.next);
-            // Ask again once the reader has used half of what was read ahead.
-            if want <= from || stream.ahead > stream.next + window / 2 {
-                return;
+            let want = stream.next.saturating_add(stream.window).min(size);
+            let mut from = stream.ahead.max(stream.next);
+            // Whole pieces only (a short one at the end of the file): the rest of the
+            // window is asked for with the next read.
+            while from < want {
+                let piece_end = ((from / PIECE_BYTES + 1) * PIECE_BYTES).min(size);
+                if piece_end > want && want < size {
+                    break;
+                }
+                jobs.push(Job::ReadAhead {
+                    ino,
+                    offset: from,
+                    end: piece_end,
+                });
+                from = piece_end;
             }
-            stream.ahead = want;
-            Job::ReadAhead {
-                ino,
-                offset: from,
-                len: want - from,
-            }
-        };
-        self.send(request);
+            stream.ahead = stream.ahead.max(from);
+        }
+        for job in jobs {
+            self.send(job);
+        }
     }
 
     /// Asks for chunk `index` of `ino` to be folded.
@@ -169,14 +187,31 @@ impl Prefetcher {
     }
 
     fn send(&self, job: Job) {
-        if let Some(sender) = self.sender.lock().as_ref() {
-            let _ = sender.try_send(job); // a busy thread skips the job, never blocks
+        let piece = match job {
+            Job::ReadAhead { ino, offset, end } => Some((ino, offset, end)),
+            Job::Fold { .. } => None,
+        };
+        // A piece counts as in flight from the moment it is asked for: a read that reaches
+        // it before a thread takes it up waits rather than reading it a second time.
+        if let Some(piece) = piece {
+            self.in_flight.pieces.lock().push(piece);
+        }
+        let sent = match self.sender.lock().as_ref() {
+            // A busy pool skips the job, never blocks.
+            Some(sender) => !matches!(
+                sender.try_send(job),
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
+            ),
+            None => false,
+        };
+        if let (false, Some(piece)) = (sent, piece) {
+            self.in_flight.finish(piece);
         }
     }
 
     pub fn stop(&self) {
         self.sender.lock().take();
-        if let Some(thread) = self.thread.lock().take() {
+        for thread in std::mem::take(&mut *self.threads.lock()) {
             let _ = thread.join();
         }
     }
@@ -185,6 +220,29 @@ impl Prefetcher {
 impl Drop for Prefetcher {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// One thread of the pool: takes jobs until the sender is dropped.
+fn work(volume: &Volume, receiver: &Mutex<Receiver<Job>>, flight: &InFlight) {
+    loop {
+        // The lock is held while waiting: the next job goes to one idle thread.
+        let Ok(job) = receiver.lock().recv() else {
+            return;
+        };
+        match job {
+            Job::ReadAhead { ino, offset, end } => {
+                if let Err(e) = prefetch(volume, ino, offset, end - offset) {
+                    log::debug!("read-ahead of object {ino} at {offset} stopped: {e}");
+                }
+                flight.finish((ino, offset, end));
+            }
+            Job::Fold { ino, index } => {
+                if let Err(e) = super::Filesystem::fold_chunk(volume, ino, index) {
+                    log::debug!("fold of object {ino} chunk {index} failed: {e}");
+                }
+            }
+        }
     }
 }
 
