@@ -34,7 +34,8 @@ const AHEAD_BYTES_MAX: u64 = 4 << 20;
 const AHEAD_BYTES_MIN: u64 = 256 << 10;
 /// A read-ahead job covers at most this much of a file, ending on a multiple of it.
 const PIECE_BYTES: u64 = 1 << 20;
-/// Threads reading ahead (and folding): two keep the device busy while one verifies.
+/// Threads reading ahead (and folding, one fold at a time): two keep the device busy while
+/// one verifies.
 const THREADS: usize = 2;
 /// A read counts as sequential if it starts within this distance after the previous end
 /// (the kernel's read-ahead requests can arrive slightly out of order).
@@ -90,17 +91,22 @@ impl Prefetcher {
         let (sender, receiver) = sync_channel::<Job>(256);
         let receiver = Arc::new(Mutex::new(receiver));
         let in_flight = Arc::new(InFlight::default());
+        let folding = Arc::new(Mutex::new(()));
         let threads: Vec<JoinHandle<()>> = (0..THREADS)
             .filter_map(|i| {
-                let (volume, receiver, flight) =
-                    (volume.clone(), receiver.clone(), in_flight.clone());
+                let (volume, receiver, flight, folding) = (
+                    volume.clone(),
+                    receiver.clone(),
+                    in_flight.clone(),
+                    folding.clone(),
+                );
                 std::thread::Builder::new()
                     .name(format!("anvil-prefetch-{i}"))
                     .spawn(move || {
                         if let Some(start) = thread_start {
                             start();
                         }
-                        work(&volume, &receiver, &flight);
+                        work(&volume, &receiver, &flight, &folding);
                     })
                     .ok()
             })
@@ -223,8 +229,10 @@ impl Drop for Prefetcher {
     }
 }
 
-/// One thread of the pool: takes jobs until the sender is dropped.
-fn work(volume: &Volume, receiver: &Mutex<Receiver<Job>>, flight: &InFlight) {
+/// One thread of the pool: takes jobs until the sender is dropped. Folds run one at a time
+/// (`folding`), as on one thread: each takes the volume's write lock, and two at once held
+/// up the requests that wait for it.
+fn work(volume: &Volume, receiver: &Mutex<Receiver<Job>>, flight: &InFlight, folding: &Mutex<()>) {
     loop {
         // The lock is held while waiting: the next job goes to one idle thread.
         let Ok(job) = receiver.lock().recv() else {
@@ -238,6 +246,7 @@ fn work(volume: &Volume, receiver: &Mutex<Receiver<Job>>, flight: &InFlight) {
                 flight.finish((ino, offset, end));
             }
             Job::Fold { ino, index } => {
+                let _one_at_a_time = folding.lock();
                 if let Err(e) = super::Filesystem::fold_chunk(volume, ino, index) {
                     log::debug!("fold of object {ino} chunk {index} failed: {e}");
                 }
