@@ -473,6 +473,13 @@ impl Device for FileDevice {
     }
 
     fn write_staged_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        // File data written ahead of its commit comes in runs of whole chunks: where the
+        // device takes O_DIRECT they go straight to it, copied once into an aligned buffer.
+        // Through the page cache they were copied there, written back by a kernel thread
+        // and dropped after the commit, all on the CPUs the writers need.
+        if self.direct_file().is_some() {
+            return self.write_vectored_at(bufs, offset);
+        }
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
         self.windows.writes.fetch_add(1, Ordering::AcqRel);

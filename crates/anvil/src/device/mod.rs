@@ -44,8 +44,10 @@ pub trait Device: Send + Sync {
     fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.write_at(buf, offset)
     }
-    /// `write_staged_at` of buffers back to back from `offset` (one request where the
-    /// device supports it): file data written ahead of its commit.
+    /// Buffers back to back from `offset` (one request where the device supports it): file
+    /// data written ahead of its commit, in runs of whole chunks. Like `write_staged_at`,
+    /// the bytes survive a crash of this process once the call returns; a device that
+    /// bypasses the host's cache may write such large runs to the device directly.
     fn write_staged_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let mut at = offset;
         for buf in bufs {

@@ -1849,10 +1849,11 @@ impl Volume {
 
     /// Writes whole chunks ahead of their commit, as HAMMER wrote file data: each is
     /// compressed with `codec` (when that pays), checksummed and written once to the place
-    /// it will have in the tree, through the host's page cache (so the bytes survive this
-    /// process as soon as the call returns, as the crash log does), and the operation that
-    /// takes them logs only their addresses (`Tx::put_extent`). The commit links them and
-    /// writes nothing of them again; after its flush the host may drop them from its cache.
+    /// it will have in the tree (with O_DIRECT where the device takes it, else through the
+    /// host's page cache: either way the bytes survive this process as soon as the call
+    /// returns, as the crash log does), and the operation that takes them logs only their
+    /// addresses (`Tx::put_extent`). The commit links them and writes nothing of them
+    /// again; after its flush the host may drop what it cached of them.
     /// Extents an operation does not take must go back through `release_direct`.
     pub fn write_direct(&self, chunks: &[&[u8]], codec: u8) -> Result<Vec<ExtentRef>> {
         static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
