@@ -25,7 +25,8 @@ pub(crate) const READY_ENV: &str = "ANVIL_DAEMON_READY";
 struct Config {
     mount: MountOptions,
     ttl: Duration,
-    threads: usize,
+    /// Worker threads (`threads=N`); unset, each transport's default.
+    threads: Option<usize>,
     writeback: bool,
     as_of: Option<String>,
     device_log: Option<std::path::PathBuf>,
@@ -66,12 +67,16 @@ const READ_AROUND_SHARE: u64 = 16;
 /// A mount gives decoded file data this fraction of `cache=` unless `data_cache=` says.
 const DATA_CACHE_SHARE: u64 = 16;
 
+/// CPUs this process may run on.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 fn parse_options(options: &[String]) -> Result<Config, String> {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut config = Config {
         mount: MountOptions::default(),
         ttl: Duration::from_secs(10),
-        threads,
+        threads: None,
         writeback: false,
         as_of: None,
         device_log: None,
@@ -134,7 +139,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
             }
             "writeback" => config.writeback = true,
             "nowriteback" => config.writeback = false,
-            "threads" => config.threads = number(value)?.clamp(1, 64) as usize,
+            "threads" => config.threads = Some(number(value)?.clamp(1, 64) as usize),
             "transport" => {
                 config.transport = match value {
                     Some("auto") => Transport::Auto,
@@ -646,7 +651,10 @@ fn serve_backend<B: Backend>(
     }
     debug_assert!(!use_uring);
     if config.transport == Transport::Devfuse {
-        let threads = config.threads;
+        // Twice the cores: with `-o writeback` the kernel queues many WRITEs at once, and a
+        // worker waits for the device while its chunks are written ahead (iozone's large
+        // writes 5-15% faster with four workers than with two on two cores).
+        let threads = config.threads.unwrap_or_else(|| (2 * cores()).clamp(4, 64));
         let session = match resume {
             Some(fd) => devfuse::Session::resume(&*backend, fd, dir, &mount_config, threads),
             None => devfuse::Session::mount(&*backend, dir, &mount_config, threads),
@@ -723,7 +731,7 @@ fn classic_session<B: Backend>(
     root: bool,
     config: &Config,
 ) -> std::io::Result<fuser::Session<Classic<B>>> {
-    let threads = config.threads;
+    let threads = config.threads.unwrap_or_else(cores);
     let mut mount_options = vec![
         fuser::MountOption::FSName(fs_name.to_string()),
         fuser::MountOption::Subtype("anvil".to_string()),
