@@ -359,8 +359,9 @@ thread_local! {
 /// A join buffer larger than this is dropped after its run.
 const JOIN_KEEP_MAX: usize = 8 << 20;
 
-/// A `len`-byte, `DIRECT_ALIGN`-aligned slice of `scratch`, which grows as needed.
-fn aligned_prefix(scratch: &mut Vec<u8>, len: usize) -> &mut [u8] {
+/// A `len`-byte, `DIRECT_ALIGN`-aligned slice of `scratch`, which grows as needed (a
+/// buffer kept between direct requests: the volume's run reads, this file's joined writes).
+pub(crate) fn aligned_scratch(scratch: &mut Vec<u8>, len: usize) -> &mut [u8] {
     if scratch.len() < len + DIRECT_ALIGN {
         *scratch = vec![0u8; len + DIRECT_ALIGN];
     }
@@ -545,7 +546,7 @@ impl Device for FileDevice {
             // fresh from the kernel, zeroed and faulted in page by page.
             let total: usize = bufs.iter().map(|b| b.len()).sum();
             let mut scratch = JOIN_BUFFER.take();
-            let joined = aligned_prefix(&mut scratch, total);
+            let joined = aligned_scratch(&mut scratch, total);
             let mut at = 0;
             for buf in bufs {
                 joined[at..at + buf.len()].copy_from_slice(buf);

@@ -1138,7 +1138,9 @@ impl Filesystem {
             let chunk_start = key - DATA_CHUNK_BYTES;
             let bytes = match patch_bytes.get_mut(&(key / DATA_CHUNK_BYTES - 1)) {
                 Some(found) => {
-                    let mut patched = bytes.to_vec();
+                    // A chunk its patches cover whole was made here, zeroed, and is not
+                    // shared: patched in place. A cached chunk is copied first.
+                    let mut patched = Arc::try_unwrap(bytes).unwrap_or_else(|b| b.to_vec());
                     chunk::apply_patches(&mut patched, found, ino)?;
                     Arc::new(patched)
                 }

@@ -1189,7 +1189,7 @@ impl Volume {
                 0
             };
             let mut scratch = RUN_BUFFER.take();
-            let buffer = aligned_scratch(&mut scratch, run_bytes);
+            let buffer = crate::device::file::aligned_scratch(&mut scratch, run_bytes);
             let read = if in_bounds {
                 self.device
                     .read_at(buffer, first.offset)
@@ -2634,17 +2634,6 @@ pub fn extent_location(extent: &ExtentRef) -> String {
 thread_local! {
     /// The buffer merged extent runs are read into, kept per thread between reads.
     static RUN_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// A `len`-byte, 4 KiB-aligned slice of `scratch`, grown as needed (never shrunk below the
-/// longest run, at most `RUN_BYTES_MAX` plus a block or so).
-fn aligned_scratch(scratch: &mut Vec<u8>, len: usize) -> &mut [u8] {
-    const ALIGN: usize = BLOCK_LEN;
-    if scratch.len() < len + ALIGN {
-        *scratch = vec![0u8; len + ALIGN];
-    }
-    let start = scratch.as_ptr().align_offset(ALIGN);
-    &mut scratch[start..start + len]
 }
 
 /// Where a commit put its space map.
