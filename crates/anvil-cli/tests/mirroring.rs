@@ -58,6 +58,32 @@ fn tar_sum(dir: &Path, name: &str, tid: Option<u64>) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `data` the same on both mounts (by `tar_sum`); if not, fails listing each side's
+/// entries with their sizes, modes, times and contents' sums, so that a rare difference
+/// says what it was.
+fn assert_same_data(master: &Path, slave: &Path) {
+    if tar_sum(master, "data", None) == tar_sum(slave, "data", None) {
+        return;
+    }
+    let listing = |dir: &Path| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "cd '{}' && find data -printf '%p %y %s %m %T@ %l\\n' | sort && \
+                 find data -type f -exec md5sum {{}} + | sort -k2",
+                dir.display()
+            ))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (a, b) = (listing(master), listing(slave));
+    // Once more after a pause: a difference that goes away was a stale kernel cache.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let later = tar_sum(master, "data", None) == tar_sum(slave, "data", None);
+    panic!("data differs (same after 2 s: {later})\nmaster:\n{a}\nslave:\n{b}");
+}
+
 fn write_tree(root: &Path, round: u32) {
     let dir = root.join("data");
     std::fs::create_dir_all(dir.join("sub")).unwrap();
@@ -113,10 +139,7 @@ fn mirror_copy_between_mounts_keeps_every_tid() {
             .parse()
             .unwrap();
         assert!(wire < 400_000, "{line}");
-        assert_eq!(
-            tar_sum(master.path(), "data", None),
-            tar_sum(slave.path(), "data", None)
-        );
+        assert_same_data(master.path(), slave.path());
     }
     let newest = status(&s)["last_tid"].as_u64().unwrap();
     for tid in held..=newest {
@@ -152,10 +175,7 @@ fn mirror_copy_between_mounts_keeps_every_tid() {
         std::fs::read(master.path().join("data/mine")).unwrap(),
         b"x"
     );
-    assert_eq!(
-        tar_sum(master.path(), "data", None),
-        tar_sum(slave.path(), "data", None)
-    );
+    assert_same_data(master.path(), slave.path());
     master.unmount();
     slave.unmount();
 }
@@ -260,10 +280,7 @@ fn refused_and_interrupted_streams_leave_the_slave_as_it_was() {
         std::fs::read(slave.path().join("big")).unwrap().len(),
         bytes.len()
     );
-    assert_eq!(
-        tar_sum(master.path(), "data", None),
-        tar_sum(slave.path(), "data", None)
-    );
+    assert_same_data(master.path(), slave.path());
     master.unmount();
     other.unmount();
     slave.unmount();
