@@ -20,8 +20,9 @@
 //!
 //! Extent entries need no invalidation: the key holds the device address, the stored and
 //! logical lengths, the codec and the checksum of the stored bytes, so a block reused for
-//! other data has another key. Node entries are keyed by address alone and removed by the
-//! commit that frees the node.
+//! other data has another key. Node entries are keyed by address alone and removed when
+//! the commit that frees the node is published (`Volume::retire`), while no operation can
+//! walk the old tree any more and before the block can be reused.
 
 use crate::format::node::Node;
 use crate::format::record::ExtentRef;

@@ -129,8 +129,9 @@ impl CommitContext<'_> {
         if self.fresh.remove(&child.address).is_some() {
             self.writes.retain(|address| *address != child.address);
         }
+        // Cached until the new root is published (`Volume::retire`): readers of the old
+        // root still walk it.
         self.freed.push((child.address, NODE_BYTES as u64));
-        self.loader.cache.remove_node(child.address);
     }
 
     /// Writes all pending node blocks, merging adjacent ones into single device writes of
@@ -304,8 +305,8 @@ fn apply_node(
             ));
         }
     }
+    // Still cached: the old root is the one readers walk until this commit is published.
     ctx.freed.push((address, NODE_BYTES as u64));
-    ctx.loader.cache.remove_node(address);
     match &*node {
         Node::Leaf(elements) => apply_leaf(ctx, elements.clone(), mutations),
         Node::Internal { children, .. } => {

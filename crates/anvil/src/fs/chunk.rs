@@ -8,8 +8,11 @@
 //! pages) twice: past the soft bounds the write still stores a patch and asks for the chunk
 //! to be folded in the background (`fold`: the chunk written anew with its patches applied,
 //! the patches removed, in one operation), so the device reads a fold needs are not on the
-//! writer's path; the write that would pass a hard bound folds the chunk itself. Either
-//! way a patch always lies over the DATA record it was written against, at every TID.
+//! writer's path; the write that would pass a hard bound folds the chunk itself. Patches
+//! that together write every byte of the chunk are folded at once, from themselves alone;
+//! one patch of this group that does is the chunk, and replaces its DATA record right
+//! away. Either way a patch always lies over the DATA record it was written against, at
+//! every TID.
 
 use super::{chunk_key, put};
 use crate::btree::{Step, Stop};
@@ -25,10 +28,11 @@ use std::sync::Arc;
 const PATCHES_SOFT: usize = 8;
 /// Live patches a chunk may have; the next small write folds the chunk itself.
 const PATCHES_HARD: usize = 16;
-/// Pages all live patches of a chunk may cover together before a background fold is asked
-/// for (half the chunk), and at most (the whole chunk).
-const PAGES_SOFT: u32 = patch::PAGES / 2;
-const PAGES_HARD: u32 = patch::PAGES;
+/// Pages the live patches of a chunk may hold together (a page counted once per patch that
+/// holds it) before a background fold is asked for (a chunk's worth), and at most (two):
+/// what a read of the chunk reads beside the chunk itself.
+const PAGES_SOFT: u32 = patch::PAGES;
+const PAGES_HARD: u32 = 2 * patch::PAGES;
 
 /// What `try_patch` did.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -161,13 +165,23 @@ pub(super) fn covered_by_patches(
 /// Whether `found` (patches of one chunk) write every byte of the chunk: of its DATA
 /// record's `data_len` bytes and of whatever they extend it by.
 fn patches_cover(found: &[(u64, Value, u64)], data_len: usize) -> bool {
-    let mut ranges = Vec::new();
-    let mut len = data_len;
+    let mut spans = Vec::with_capacity(found.len());
     for (key, value, _) in found {
         let bitmap = patch::split(*key).1;
         let Some(end) = patch::end(bitmap, value_len(value)) else {
             return false; // damaged: the slow path names it
         };
+        spans.push((bitmap, end));
+    }
+    spans_cover(&spans, data_len)
+}
+
+/// Whether patches given as (bitmap, end) write every byte of a chunk whose DATA record
+/// holds `data_len` bytes, and of whatever they extend it by.
+fn spans_cover(spans: &[(u16, usize)], data_len: usize) -> bool {
+    let mut ranges = Vec::new();
+    let mut len = data_len;
+    for &(bitmap, end) in spans {
         len = len.max(end);
         ranges.extend(
             (0..patch::PAGES)
@@ -295,14 +309,23 @@ pub(super) fn try_patch(
         .map(|&old| patch::split(old).1.count_ones())
         .sum();
     let count = others - superseded.len() + 1;
-    let covered = pages - superseded_pages + bitmap.count_ones();
-    if count > PATCHES_HARD || covered > PAGES_HARD {
+    let held = pages - superseded_pages + bitmap.count_ones();
+    if count > PATCHES_HARD || held > PAGES_HARD {
         return Ok(Patched::No);
     }
-    let outcome = if count > PATCHES_SOFT || covered > PAGES_SOFT {
-        Patched::FoldSoon
-    } else {
-        Patched::Yes
+    // The patches that stay, this one with them: do they write the whole chunk? Then a
+    // fold reads nothing of the chunk.
+    let mut spans: Vec<(u16, usize)> = ends
+        .iter()
+        .filter(|&&(old, _)| Some(old) != own && old != key && !superseded.contains(&old))
+        .map(|&(old, end)| (patch::split(old).1, end))
+        .collect();
+    let alone = spans.is_empty();
+    spans.push((bitmap, layout_end));
+    let covers = spans_cover(&spans, data_len);
+    let outcome = match needs_fold(count, held, covers) {
+        true => Patched::FoldSoon,
+        false => Patched::Yes,
     };
     // Whole pages need nothing of the chunk: only a page written in part is read first.
     let own_pages = own_payload.as_deref().map(|p| (own_bitmap, p.as_slice()));
@@ -318,6 +341,15 @@ pub(super) fn try_patch(
             patch::extract(&current, bitmap)
         }
     };
+    if covers && alone {
+        // This patch alone is the whole chunk (its pages in order are the chunk's bytes):
+        // it replaces the DATA record now, as a sequential writer's chunk would, instead
+        // of waiting for a fold. The patches it covers go with the chunk they patched.
+        drop_patches(tx, obj, index, index)?;
+        let chunk = Some(Arc::new(payload));
+        tx.put_with(chunk_key(obj, index), chunk, nohistory, policy.codec)?;
+        return Ok(Patched::Yes);
+    }
     if let Some(old) = own.filter(|&old| old != key) {
         // The wider patch covers every page of the narrower one.
         tx.put_with(patch_lk(obj, old), None, nohistory, codec)?;
@@ -344,6 +376,15 @@ pub(super) fn try_patch(
     Ok(outcome)
 }
 
+/// Whether a chunk with `count` live patches holding `pages` pages together, which
+/// `covers` the chunk whole or not, is to be folded: past a soft bound, or as soon as the
+/// patches write every byte (the fold then reads nothing of the chunk). Half a chunk of
+/// patches is left as it is: folding it would read the whole chunk and write it again, a
+/// random writer's every page twice over, for reads that need one more extent.
+fn needs_fold(count: usize, pages: u32, covers: bool) -> bool {
+    covers || count > PATCHES_SOFT || pages > PAGES_SOFT
+}
+
 /// Folds chunk `index` of `obj` if its patches are still past the soft bounds: writes it
 /// anew with its patches applied and removes them, as the write that passes a hard bound
 /// does. Contents are unchanged at every TID, so the inode's times are left alone.
@@ -353,7 +394,11 @@ pub(super) fn fold(tx: &mut Tx<'_>, obj: u64, index: u64, policy: Policy) -> Ste
         .iter()
         .map(|(key, _, _)| patch::split(*key).1.count_ones())
         .sum();
-    if live.len() <= PATCHES_SOFT && pages <= PAGES_SOFT {
+    let covers = match tx.get(chunk_key(obj, index))? {
+        Some(data) => !live.is_empty() && patches_cover(&live, value_len(&data)),
+        None => false,
+    };
+    if !needs_fold(live.len(), pages, covers) {
         return Ok(false);
     }
     let Some(bytes) = chunk_bytes(tx, obj, index)? else {

@@ -1729,7 +1729,18 @@ impl Volume {
     /// Hands what a durable commit freed to the root it replaced: the space returns to the
     /// allocator when that root's last reader lets go, and counts as free in every space map
     /// written until then.
+    ///
+    /// Called under the state lock, as the new root replaces `old_root`: from here on no
+    /// operation walks the nodes the commit replaced, so they leave the cache now. (Dropped
+    /// while the commit was written, every writer that walked a changed path during it read
+    /// the old node back from the device.) Their blocks hold them until the old root's last
+    /// reader lets go, and a node later written at a reused address replaces the entry.
     fn retire(&self, old_root: &RootRef, freed: Vec<(u64, u64)>) {
+        for &(address, bytes) in &freed {
+            if bytes == NODE_BYTES as u64 {
+                self.cache.remove_node(address);
+            }
+        }
         self.space.defer(&freed);
         old_root.release.lock().extend(freed);
     }
