@@ -450,6 +450,7 @@ fn open_device(
     let device = opened.map_err(|e| format!("cannot open {}: {e}", image.display()))?;
     let io_mode = device.io_mode();
     device.set_read_around_bytes(config.mount.cache_bytes / READ_AROUND_SHARE);
+    device.set_writers_pipelined(config.writeback);
     // A daemon that died may not have released the image yet (its files close last).
     let deadline = Instant::now() + Duration::from_secs(if resumed { 10 } else { 0 });
     while !try_lock_exclusive(device.file()) {
