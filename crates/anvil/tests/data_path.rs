@@ -481,50 +481,53 @@ fn damaged_chunk(
     (fs, ino, content, rng)
 }
 
-/// A device that counts the reads touching one range (a chunk that should not be read).
-struct Watched {
-    inner: MemDevice,
-    range: std::ops::Range<u64>,
-    reads: std::sync::atomic::AtomicU64,
-}
-
-impl Device for Watched {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        if offset < self.range.end && offset + buf.len() as u64 > self.range.start {
-            self.reads
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.inner.set_len(len)
-    }
-}
-
-/// A device whose next flush, once armed, waits for `release` (a commit held after it
-/// wrote its nodes, before it is published), and that counts reads.
+/// A test device over memory that counts the reads touching `watch` (every read when
+/// None), and whose next flush, once `armed`, waits for `release` (a commit held after it
+/// wrote its nodes, before it is published).
 #[derive(Default)]
-struct Gated {
+struct Probe {
     inner: MemDevice,
+    watch: Option<std::ops::Range<u64>>,
+    reads: std::sync::atomic::AtomicU64,
     armed: std::sync::atomic::AtomicBool,
     state: std::sync::Mutex<(bool, bool)>, // (a flush is held, released)
     changed: std::sync::Condvar,
-    reads: std::sync::atomic::AtomicU64,
 }
 
-impl Device for Gated {
+impl Probe {
+    fn watching(image: Vec<u8>, watch: std::ops::Range<u64>) -> Probe {
+        Probe {
+            inner: MemDevice::from_bytes(image),
+            watch: Some(watch),
+            ..Probe::default()
+        }
+    }
+
+    /// Waits until the armed flush is held.
+    fn wait_held(&self) {
+        let mut state = self.state.lock().unwrap();
+        while !state.0 {
+            state = self.changed.wait(state).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl Device for Probe {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let end = offset + buf.len() as u64;
+        if self
+            .watch
+            .as_ref()
+            .is_none_or(|w| offset < w.end && end > w.start)
+        {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
@@ -556,7 +559,7 @@ impl Device for Gated {
 #[test]
 fn nodes_a_commit_replaces_stay_cached_until_it_is_published() {
     use std::sync::atomic::Ordering;
-    let device = Arc::new(Gated::default());
+    let device = Arc::new(Probe::default());
     Filesystem::mkfs(device.clone(), 64 << 20, "gate").unwrap();
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
     fs.mkdir_path("/d").unwrap();
@@ -577,19 +580,13 @@ fn nodes_a_commit_replaces_stay_cached_until_it_is_published() {
     device.armed.store(true, Ordering::Release);
     std::thread::scope(|scope| {
         let commit = scope.spawn(|| fs.sync().unwrap());
-        {
-            let mut state = device.state.lock().unwrap();
-            while !state.0 {
-                state = device.changed.wait(state).unwrap();
-            }
-        }
+        device.wait_held();
         device.reads.store(0, Ordering::Relaxed);
         for name in &names {
             fs.getattr(fs.resolve(name).unwrap()).unwrap();
         }
         let reads = device.reads.load(Ordering::Relaxed);
-        device.state.lock().unwrap().1 = true;
-        device.changed.notify_all();
+        device.release();
         commit.join().unwrap();
         assert_eq!(reads, 0, "lookups during the commit read the device");
     });
@@ -625,11 +622,7 @@ fn a_chunk_rewritten_page_by_page_never_reads_the_old_chunk() {
     use rand::seq::SliceRandom;
     for (seed, pages_per_commit) in [(7, 16), (8, 4), (9, 3)] {
         let (image, ino, mut content, old_chunk, mut rng) = two_chunk_file(seed);
-        let device = Arc::new(Watched {
-            inner: MemDevice::from_bytes(image),
-            range: old_chunk..old_chunk + 65536,
-            reads: std::sync::atomic::AtomicU64::new(0),
-        });
+        let device = Arc::new(Probe::watching(image, old_chunk..old_chunk + 65536));
         let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
         fs.volume().drop_caches();
         let mut versions = Vec::new();
