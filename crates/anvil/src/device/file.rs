@@ -518,7 +518,7 @@ impl Device for FileDevice {
         // Direct only where nobody waits for this run alone: a writer that waits for each
         // run (a FUSE mount without the kernel's writeback cache, one writing thread) gets
         // the page cache's copy, which costs it less than the device's round trip (1 MiB
-        // rewrites: 0.7-0.9 GB/s direct, 0.96-1.3 GB/s through the page cache).
+        // rewrites on such a mount: 0.59-0.86 GB/s direct, 0.77-1.04 through the cache).
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         let others = self.staged_in_flight.fetch_add(1, Ordering::AcqRel);
         let pipelined = others > 0 || self.writers_pipelined.load(Ordering::Relaxed);
