@@ -415,7 +415,8 @@ fn live_patches(fs: &Filesystem, ino: u64, index: u64) -> (usize, u32) {
 
 /// A volume whose file "/f" (128 KiB) has chunk 1 damaged on the device and then rewritten
 /// in two halves, in two commits, as the kernel's writeback sends 1 MiB writes that start
-/// inside a chunk: two patches that cover it whole. Returns the file system, the file and its contents.
+/// inside a chunk: two patches that cover it whole. Returns the file system, the file and
+/// its contents.
 fn damaged_chunk_rewritten_in_halves(
     seed: u64,
     thread_start: Option<fn()>,

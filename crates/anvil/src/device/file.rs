@@ -214,6 +214,22 @@ impl FileDevice {
         &self.file
     }
 
+    /// Runs `write` of `len` bytes at `offset` as a write the read-around windows know of:
+    /// windows it overlaps are dropped, and none read meanwhile is kept.
+    fn tracked_write(
+        &self,
+        offset: u64,
+        len: usize,
+        write: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.windows.writes.fetch_add(1, Ordering::AcqRel);
+        self.windows.invalidate(offset, len);
+        let result = write();
+        self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
+        result
+    }
+
     /// Says whether the writers of file data keep several runs in flight without waiting
     /// for each (the kernel's writeback cache sends a file's dirty pages as many WRITEs at
     /// once). Then long runs written ahead go straight to the device even when alone;
@@ -485,33 +501,25 @@ impl Device for FileDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.windows.writes.fetch_add(1, Ordering::AcqRel);
-        self.windows.invalidate(offset, buf.len());
-        let result = self.direct_or_fallback(
-            |direct| direct_write(direct, buf, offset),
-            |file| file.write_all_at(buf, offset),
-        );
-        self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
-        result
+        self.tracked_write(offset, buf.len(), || {
+            self.direct_or_fallback(
+                |direct| direct_write(direct, buf, offset),
+                |file| file.write_all_at(buf, offset),
+            )
+        })
     }
 
     fn write_staged_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         // The buffered descriptor: the host keeps the bytes if this process dies, and a
         // later direct read of the range writes them back first (the kernel keeps the two
         // paths coherent). `flush` (fdatasync) covers them like any other write.
-        self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.windows.writes.fetch_add(1, Ordering::AcqRel);
-        self.windows.invalidate(offset, buf.len());
-        let result = self.file.write_all_at(buf, offset);
-        self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
-        result
+        self.tracked_write(offset, buf.len(), || self.file.write_all_at(buf, offset))
     }
 
     fn write_staged_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         // File data written ahead of its commit comes in runs of whole chunks: where the
-        // device takes O_DIRECT, long runs go straight to it, copied once into an aligned
-        // buffer. Through the page cache they were copied there, written back by a kernel
+        // device takes O_DIRECT, long runs go straight to it (from the request's own pages
+        // when they are aligned, else copied once into an aligned buffer). Through the page cache they were copied there, written back by a kernel
         // thread and dropped after the commit, all on the CPUs the writers need. A short
         // run still goes through the page cache: a copy costs it less than waiting for
         // the device (64 KiB random writes ran a third slower written directly).
@@ -522,16 +530,11 @@ impl Device for FileDevice {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         let others = self.staged_in_flight.fetch_add(1, Ordering::AcqRel);
         let pipelined = others > 0 || self.writers_pipelined.load(Ordering::Relaxed);
-        if len >= DIRECT_STAGED_MIN && pipelined && self.direct_file().is_some() {
-            let result = self.write_vectored_at(bufs, offset);
-            self.staged_in_flight.fetch_sub(1, Ordering::AcqRel);
-            return result;
-        }
-        self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.windows.writes.fetch_add(1, Ordering::AcqRel);
-        self.windows.invalidate(offset, len);
-        let result = pwritev_all(&self.file, bufs, offset);
-        self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let result = if len >= DIRECT_STAGED_MIN && pipelined && self.direct_file().is_some() {
+            self.write_vectored_at(bufs, offset)
+        } else {
+            self.tracked_write(offset, len, || pwritev_all(&self.file, bufs, offset))
+        };
         self.staged_in_flight.fetch_sub(1, Ordering::AcqRel);
         result
     }
@@ -568,16 +571,13 @@ impl Device for FileDevice {
         if self.direct_file().is_some() && bufs.iter().all(|b| is_aligned(b, offset)) {
             // Every piece already sits on aligned memory (whole chunks of a WRITE's payload,
             // which both transports receive page-aligned): straight from there, no copy.
-            self.windows.in_flight.fetch_add(1, Ordering::AcqRel);
-            self.windows.writes.fetch_add(1, Ordering::AcqRel);
             let len = bufs.iter().map(|b| b.len()).sum();
-            self.windows.invalidate(offset, len);
-            let result = self.direct_or_fallback(
-                |direct| pwritev_all(direct, bufs, offset),
-                |file| pwritev_all(file, bufs, offset),
-            );
-            self.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return result;
+            return self.tracked_write(offset, len, || {
+                self.direct_or_fallback(
+                    |direct| pwritev_all(direct, bufs, offset),
+                    |file| pwritev_all(file, bufs, offset),
+                )
+            });
         }
         if self.direct_file().is_some() {
             // One aligned buffer for the run: one request, as pwritev would make. The buffer
