@@ -362,10 +362,10 @@ mod tests {
                     create_tid: 1,
                 },
                 delete_tid: 0,
-                payload: Payload::Inline(vec![1; 200]),
+                payload: Payload::Inline(vec![1; 240]),
             })
-            .collect();
-        Arc::new(Node::Leaf(elements))
+            .collect::<Vec<_>>();
+        Arc::new(Node::leaf(&elements))
     }
 
     /// Reads `rounds` times through `nodes` nodes and `chunks` chunks, inserting what misses.

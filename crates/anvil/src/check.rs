@@ -100,7 +100,7 @@ pub fn check_with(volume: &Volume, known: Option<&dyn KnownExtents>) -> Result<R
         };
         let first = node.first_key();
         let last = match &*node {
-            Node::Leaf(elements) => elements.last().map(|e| e.key),
+            Node::Leaf(leaf) => leaf.last_key(),
             Node::Internal { children, .. } => children.last().map(|c| c.0),
         };
         if let (Some(low), Some(first)) = (low, first) {
@@ -125,12 +125,12 @@ pub fn check_with(volume: &Volume, known: Option<&dyn KnownExtents>) -> Result<R
             report.underfull_nodes += 1;
         }
         match &*node {
-            Node::Leaf(elements) => {
-                if elements.is_empty() && address != root.root.address {
+            Node::Leaf(leaf) => {
+                if leaf.is_empty() && address != root.root.address {
                     note(&mut report, format!("node at byte {address}: empty leaf"));
                 }
-                for element in elements {
-                    check_element(volume, known, &space, element, &mut report, &mut live);
+                for element in leaf.iter() {
+                    check_element(volume, known, &space, &element, &mut report, &mut live);
                 }
             }
             Node::Internal { children, .. } => {

@@ -3,7 +3,7 @@
 //! offset, and a damaged tree node turns the volume read-only.
 
 use anvil::device::{Device, MemDevice};
-use anvil::format::record::{rtype, Payload};
+use anvil::format::record::rtype;
 use anvil::{Error, Filesystem, MountOptions};
 use std::sync::Arc;
 
@@ -30,7 +30,7 @@ fn extents_of(fs: &Filesystem, ino: u64) -> Vec<(u64, u64)> {
     fs.volume()
         .scan(&mut |e| {
             if e.key.obj == ino && e.key.rtype == rtype::DATA {
-                if let Payload::Extent(extent) = &e.payload {
+                if let Some(extent) = e.extent() {
                     out.push((extent.offset, e.key.key - 65536));
                 }
             }

@@ -4,7 +4,7 @@
 //! reused under them.
 
 use anvil::device::{Device, MemDevice};
-use anvil::format::record::{rtype, Payload};
+use anvil::format::record::rtype;
 use anvil::{Filesystem, MountOptions};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -32,7 +32,7 @@ fn extents(fs: &Filesystem) -> HashMap<u64, (u64, u64)> {
     fs.volume()
         .scan(&mut |element| {
             if element.key.rtype == rtype::DATA && element.delete_tid == 0 {
-                if let Payload::Extent(extent) = &element.payload {
+                if let Some(extent) = element.extent() {
                     out.insert(element.key.obj, (extent.offset, extent.allocated_bytes()));
                 }
             }

@@ -437,7 +437,7 @@ fn damaged_chunk_rewritten_in_halves(
 /// A committed volume holding "/f" (128 KiB): its image, the file, its contents, the
 /// device offset of the file's chunk 1, and the random source.
 fn two_chunk_file(seed: u64) -> (Vec<u8>, u64, Vec<u8>, u64, Xoshiro256PlusPlus) {
-    use anvil::format::record::{rtype, Payload};
+    use anvil::format::record::rtype;
     let device = Arc::new(MemDevice::new(0));
     Filesystem::mkfs(device.clone(), 64 << 20, "cover").unwrap();
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
@@ -449,7 +449,7 @@ fn two_chunk_file(seed: u64) -> (Vec<u8>, u64, Vec<u8>, u64, Xoshiro256PlusPlus)
     fs.volume()
         .scan(&mut |e| {
             if e.key.obj == ino && e.key.rtype == rtype::DATA && e.key.key == 2 * 65536 {
-                if let Payload::Extent(extent) = &e.payload {
+                if let Some(extent) = e.extent() {
                     old_chunk = Some(extent.offset);
                 }
             }

@@ -176,10 +176,12 @@ fn metadata_fill_then_prune_everything_gives_the_space_back() {
          (empty {empty_used}, full {full_used}, after prune {pruned_used})"
     );
     // The first fill appended to a growing tree and packed its leaves nearly full; the
-    // second inserts among the kept entries, into merged leaves (93% of the first measured).
+    // second inserts among the kept entries, into merged leaves that split as they fill
+    // (88% of the first measured with packed leaves, which hold 240,000 files here where
+    // unpacked ones held 101,000; 95% then).
     let again = fill_with_files(&fs, dir, 1);
     assert!(
-        (again + created / 10) * 100 >= created * 90,
+        (again + created / 10) * 100 >= created * 85,
         "first fill {created} files, the second only {again} beside {} kept",
         created / 10
     );

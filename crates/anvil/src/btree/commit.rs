@@ -9,6 +9,7 @@
 
 use super::{child_index, Loader, NodeSource, Root};
 use crate::error::{Error, Result};
+use crate::format::leaf::{Item, Leaf};
 use crate::format::node::{Node, CHILD_ENTRY_BYTES, LEVEL_MAX, NODE_PAYLOAD_BYTES};
 use crate::format::record::{Element, Key, Payload};
 use crate::format::NODE_BYTES;
@@ -187,7 +188,7 @@ pub fn apply(ctx: &mut CommitContext<'_>, root: Root, mutations: &[Mutation]) ->
     let mut level = root.level;
     let mut nodes = if root.address == 0 {
         level = 0;
-        apply_leaf(ctx, Vec::new(), mutations)?
+        apply_leaf(ctx, &Leaf::from_elements(&[]), mutations)?
     } else {
         apply_node(ctx, root.address, root.level, mutations, (None, None))?
     };
@@ -255,12 +256,7 @@ fn find(ctx: &CommitContext<'_>, root: Root, key: Key) -> Result<Option<Element>
     let (mut address, mut level) = (root.address, root.level);
     loop {
         match &*ctx.fetch(address, level)? {
-            Node::Leaf(elements) => {
-                return Ok(elements
-                    .binary_search_by(|e| e.key.cmp(&key))
-                    .ok()
-                    .map(|i| elements[i].clone()));
-            }
+            Node::Leaf(leaf) => return Ok(leaf.find(&key)),
             Node::Internal { children, .. } => {
                 let Some((_, child)) = children.get(child_index(children, &key)) else {
                     return Ok(None);
@@ -288,10 +284,7 @@ fn apply_node(
     // A damaged node whose keys lie outside its range would be rebuilt with keys that no
     // search reaches (they route to a sibling): refuse to write that tree.
     let keys = match &*node {
-        Node::Leaf(elements) => elements
-            .first()
-            .map(|e| e.key)
-            .zip(elements.last().map(|e| e.key)),
+        Node::Leaf(leaf) => leaf.first_key().zip(leaf.last_key()),
         Node::Internal { children, .. } => children
             .get(1)
             .map(|c| c.0)
@@ -308,7 +301,7 @@ fn apply_node(
     // Still cached: the old root is the one readers walk until this commit is published.
     ctx.freed.push((address, NODE_BYTES as u64));
     match &*node {
-        Node::Leaf(elements) => apply_leaf(ctx, elements.clone(), mutations),
+        Node::Leaf(leaf) => apply_leaf(ctx, leaf, mutations),
         Node::Internal { children, .. } => {
             let untouched = |(first, address): &(Key, u64)| Child {
                 first: *first,
@@ -377,22 +370,27 @@ fn apply_node(
 
 fn apply_leaf(
     ctx: &mut CommitContext<'_>,
-    elements: Vec<Element>,
+    leaf: &Leaf,
     mutations: &[Mutation],
 ) -> Result<Vec<Child>> {
-    let mut merged: Vec<Element> = Vec::with_capacity(elements.len() + mutations.len());
-    let mut old = elements.into_iter().peekable();
+    // Elements no mutation touches are copied as they are packed; only the ones that
+    // change are unpacked.
+    let mut merged: Vec<Item<'_>> = Vec::with_capacity(leaf.len() + mutations.len());
+    let mut index = 0;
     for mutation in mutations {
         let key = mutation.key();
-        while let Some(element) = old.next_if(|e| e.key < key) {
-            merged.push(element);
-        }
-        let existing = old.next_if(|e| e.key == key);
+        let below = leaf.lower_bound(&key).max(index);
+        merged.extend(leaf.items(index).take(below - index));
+        index = below;
+        let existing = (index < leaf.len() && leaf.key(index) == key).then(|| {
+            index += 1;
+            leaf.get(index - 1)
+        });
         match (mutation, existing) {
-            (Mutation::Insert(element), None) => merged.push(element.clone()),
+            (Mutation::Insert(element), None) => merged.push(Item::New(element.clone())),
             (Mutation::MarkDeleted(_), Some(mut element)) if element.delete_tid == 0 => {
                 element.delete_tid = ctx.tid;
-                merged.push(element);
+                merged.push(Item::New(element));
             }
             (Mutation::Relocate(_, payload), Some(mut element)) => {
                 if let Payload::Extent(old) = element.payload {
@@ -401,7 +399,7 @@ fn apply_leaf(
                     }
                 }
                 element.payload = payload.clone();
-                merged.push(element);
+                merged.push(Item::New(element));
             }
             (Mutation::Replace(new), existing) => {
                 if let Some(Element {
@@ -413,7 +411,7 @@ fn apply_leaf(
                         ctx.freed.push((old.offset, old.allocated_bytes()));
                     }
                 }
-                merged.push(new.clone());
+                merged.push(Item::New(new.clone()));
             }
             (Mutation::Remove(_), Some(element)) => {
                 if let Payload::Extent(extent) = element.payload {
@@ -428,14 +426,14 @@ fn apply_leaf(
             }
         }
     }
-    merged.extend(old);
+    merged.extend(leaf.items(index));
     write_leaves(ctx, merged)
 }
 
-fn write_leaves(ctx: &mut CommitContext<'_>, elements: Vec<Element>) -> Result<Vec<Child>> {
+fn write_leaves(ctx: &mut CommitContext<'_>, items: Vec<Item<'_>>) -> Result<Vec<Child>> {
     let mut out = Vec::new();
-    for group in split_even(elements, Element::encoded_bytes, NODE_PAYLOAD_BYTES) {
-        out.push(ctx.write_node(Node::Leaf(group))?);
+    for group in split_even(items, Item::fill_bytes, NODE_PAYLOAD_BYTES) {
+        out.push(ctx.write_node(Node::Leaf(Leaf::from_items(&group)))?);
     }
     Ok(out)
 }
@@ -478,7 +476,7 @@ fn rebalance(ctx: &mut CommitContext<'_>, level: u8, children: &mut Vec<Child>) 
         ctx.discard(&b);
         let merged = match (&*node_a, &*node_b) {
             (Node::Leaf(x), Node::Leaf(y)) => {
-                write_leaves(ctx, x.iter().chain(y.iter()).cloned().collect())?
+                write_leaves(ctx, x.items(0).chain(y.items(0)).collect())?
             }
             (Node::Internal { children: x, .. }, Node::Internal { children: y, .. }) => {
                 // A child this commit left under the threshold as its parent's only child

@@ -7,6 +7,7 @@ pub mod commit;
 use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::format::leaf::ElementView;
 use crate::format::node::Node;
 use crate::format::record::{Element, Key};
 use crate::format::{VolumeId, NODE_BYTES};
@@ -156,7 +157,7 @@ pub fn range(
     root: Root,
     lo: &Key,
     hi: &Key,
-    visit: &mut dyn FnMut(&Element) -> bool,
+    visit: &mut dyn FnMut(&ElementView<'_>) -> bool,
 ) -> Step<bool> {
     if root.address == 0 {
         return Ok(true);
@@ -170,17 +171,16 @@ fn walk(
     level: u8,
     lo: &Key,
     hi: &Key,
-    visit: &mut dyn FnMut(&Element) -> bool,
+    visit: &mut dyn FnMut(&ElementView<'_>) -> bool,
 ) -> Step<bool> {
     let node = source.node(address, level)?;
     match &*node {
-        Node::Leaf(elements) => {
-            let start = elements.partition_point(|e| e.key < *lo);
-            for element in &elements[start..] {
-                if element.key > *hi {
+        Node::Leaf(leaf) => {
+            for index in leaf.lower_bound(lo)..leaf.len() {
+                if leaf.key(index) > *hi {
                     return Ok(false);
                 }
-                if !visit(element) {
+                if !visit(&leaf.view(index)) {
                     return Ok(false);
                 }
             }
@@ -193,6 +193,66 @@ fn walk(
                     return Ok(false);
                 }
                 if !walk(source, *child, level - 1, lo, hi, visit)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// Visits every element with `lo <= key <= hi` in descending key order until `visit`
+/// returns false (the newest versions of a record first: a record's live version is its
+/// newest, and one rewritten at every commit may have thousands of old ones before it).
+pub fn range_rev(
+    source: &dyn NodeSource,
+    root: Root,
+    lo: &Key,
+    hi: &Key,
+    visit: &mut dyn FnMut(&ElementView<'_>) -> bool,
+) -> Step<bool> {
+    if root.address == 0 {
+        return Ok(true);
+    }
+    walk_rev(source, root.address, root.level, lo, hi, visit)
+}
+
+fn walk_rev(
+    source: &dyn NodeSource,
+    address: u64,
+    level: u8,
+    lo: &Key,
+    hi: &Key,
+    visit: &mut dyn FnMut(&ElementView<'_>) -> bool,
+) -> Step<bool> {
+    let node = source.node(address, level)?;
+    match &*node {
+        Node::Leaf(leaf) => {
+            // Elements at or below `hi`: those before the first one above it.
+            let end = leaf.lower_bound(hi);
+            let end = if end < leaf.len() && leaf.key(end) == *hi {
+                end + 1
+            } else {
+                end
+            };
+            for index in (0..end).rev() {
+                if leaf.key(index) < *lo {
+                    return Ok(false);
+                }
+                if !visit(&leaf.view(index)) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        Node::Internal { children, .. } => {
+            let last = child_index(children, hi);
+            for index in (0..=last).rev() {
+                if !walk_rev(source, children[index].1, level - 1, lo, hi, visit)? {
+                    return Ok(false);
+                }
+                // Children before this one hold keys below its first key.
+                if children[index].0 <= *lo {
                     return Ok(false);
                 }
             }
@@ -247,7 +307,7 @@ fn changed_node(
         return Ok(());
     }
     match node {
-        Node::Leaf(elements) => elements.iter().try_for_each(|e| visit(Change::Element(e))),
+        Node::Leaf(leaf) => leaf.iter().try_for_each(|e| visit(Change::Element(&e))),
         Node::Internal { level, children } => {
             for (_, child) in children {
                 let (child_node, child_tid) = loader.load_with_tid(*child, level - 1)?;
@@ -261,12 +321,11 @@ fn changed_node(
 /// The first (or last) element key of the subtree under `node`.
 fn edge_key(loader: &Loader<'_>, node: &Node, last: bool) -> Result<Option<Key>> {
     match node {
-        Node::Leaf(elements) => Ok(if last {
-            elements.last()
+        Node::Leaf(leaf) => Ok(if last {
+            leaf.last_key()
         } else {
-            elements.first()
-        }
-        .map(|e| e.key)),
+            leaf.first_key()
+        }),
         Node::Internal { level, children } => {
             let child = if last {
                 children.last()
@@ -278,5 +337,118 @@ fn edge_key(loader: &Loader<'_>, node: &Node, last: bool) -> Result<Option<Key>>
                 None => Ok(None),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::record::{rtype, Payload};
+
+    /// Nodes by address, for walks over trees built by hand.
+    struct Nodes(HashMap<u64, Arc<Node>>);
+
+    impl NodeSource for Nodes {
+        fn node(&self, address: u64, _level: u8) -> Step<Arc<Node>> {
+            Ok(self.0[&address].clone())
+        }
+    }
+
+    fn key(obj: u64, create_tid: u64) -> Key {
+        Key {
+            obj,
+            rtype: rtype::INODE,
+            key: 0,
+            create_tid,
+        }
+    }
+
+    /// A two-level tree of `objs` objects with `versions` versions each, `per_leaf` elements
+    /// a leaf, and (as a third level) one root over internal nodes of four leaves.
+    fn tree(objs: u64, versions: u64, per_leaf: usize) -> (Nodes, Root) {
+        let elements: Vec<Element> = (0..objs)
+            .flat_map(|obj| (1..=versions).map(move |tid| (obj, tid)))
+            .map(|(obj, tid)| Element {
+                key: key(obj, tid),
+                delete_tid: if tid == versions { 0 } else { tid + 1 },
+                payload: Payload::Inline(vec![1; 3]),
+            })
+            .collect();
+        let mut nodes = HashMap::new();
+        let mut next = 1u64;
+        let mut level: Vec<(Key, u64)> = Vec::new();
+        for group in elements.chunks(per_leaf) {
+            nodes.insert(next, Arc::new(Node::leaf(group)));
+            level.push((group[0].key, next));
+            next += 1;
+        }
+        let mut height = 0;
+        while level.len() > 1 {
+            height += 1;
+            let mut up = Vec::new();
+            for group in level.chunks(4) {
+                nodes.insert(
+                    next,
+                    Arc::new(Node::Internal {
+                        level: height,
+                        children: group.to_vec(),
+                    }),
+                );
+                up.push((group[0].0, next));
+                next += 1;
+            }
+            level = up;
+        }
+        let root = Root {
+            address: level[0].1,
+            level: height,
+        };
+        (Nodes(nodes), root)
+    }
+
+    fn collect(source: &Nodes, root: Root, lo: Key, hi: Key, rev: bool) -> Vec<Key> {
+        let mut out = Vec::new();
+        let mut visit = |e: &ElementView<'_>| {
+            out.push(e.key);
+            true
+        };
+        if rev {
+            range_rev(source, root, &lo, &hi, &mut visit).unwrap();
+        } else {
+            range(source, root, &lo, &hi, &mut visit).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn reverse_ranges_visit_what_forward_ranges_visit_backwards() {
+        let (nodes, root) = tree(40, 7, 5);
+        assert!(root.level >= 2);
+        for (lo, hi) in [
+            (key(0, 0), key(u64::MAX, u64::MAX)),
+            (key(3, 0), key(3, u64::MAX)),
+            (key(3, 2), key(3, 5)),
+            (key(9, 7), key(10, 1)),
+            (key(17, 3), key(31, 6)),
+            (key(39, 7), key(39, 7)),
+            (key(40, 0), key(50, 0)),
+            (key(5, 4), key(5, 3)),
+        ] {
+            let mut forward = collect(&nodes, root, lo, hi, false);
+            forward.reverse();
+            assert_eq!(
+                collect(&nodes, root, lo, hi, true),
+                forward,
+                "{lo:?}..={hi:?}"
+            );
+        }
+        // Stopping early: the newest version of object 12 is the first one visited.
+        let mut first = None;
+        range_rev(&nodes, root, &key(12, 0), &key(12, u64::MAX), &mut |e| {
+            first = Some((e.key, e.delete_tid));
+            false
+        })
+        .unwrap();
+        assert_eq!(first, Some((key(12, 7), 0)));
     }
 }

@@ -113,28 +113,39 @@ impl<'a> Reader<'a> {
             what,
         }
     }
+    #[inline]
     pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self
-            .position
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len());
-        let Some(end) = end else {
-            return Err(Error::corrupt(
-                format!("{} truncated", self.what),
-                format!("byte {} (+{n} of {})", self.position, self.bytes.len()),
-            ));
-        };
-        let slice = &self.bytes[self.position..end];
-        self.position = end;
-        Ok(slice)
+        match self.position.checked_add(n) {
+            Some(end) if end <= self.bytes.len() => {
+                let slice = &self.bytes[self.position..end];
+                self.position = end;
+                Ok(slice)
+            }
+            _ => Err(self.truncated(n)),
+        }
     }
+    #[cold]
+    fn truncated(&self, n: usize) -> Error {
+        Error::corrupt(
+            format!("{} truncated", self.what),
+            format!("byte {} (+{n} of {})", self.position, self.bytes.len()),
+        )
+    }
+    #[inline]
     fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
+    #[inline]
     pub fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
+        match self.bytes.get(self.position) {
+            Some(&byte) => {
+                self.position += 1;
+                Ok(byte)
+            }
+            None => Err(self.truncated(1)),
+        }
     }
     pub fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.array()?))
@@ -142,13 +153,25 @@ impl<'a> Reader<'a> {
     pub fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array()?))
     }
+    #[inline]
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
     pub fn i64(&mut self) -> Result<i64> {
         Ok(i64::from_le_bytes(self.array()?))
     }
+    #[inline]
     pub fn uvarint(&mut self) -> Result<u64> {
+        // One byte: the common case (small counts, lengths, flags).
+        if let Some(&byte) = self.bytes.get(self.position) {
+            if byte < 0x80 {
+                self.position += 1;
+                return Ok(u64::from(byte));
+            }
+        }
+        self.uvarint_long()
+    }
+    fn uvarint_long(&mut self) -> Result<u64> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.u8()?;

@@ -3,6 +3,7 @@
 //! `docs/format.md` for the byte-by-byte layout.
 
 pub mod coding;
+pub mod leaf;
 pub mod log;
 pub mod node;
 pub mod record;
@@ -15,7 +16,7 @@ use crate::error::{Error, Result};
 use coding::{Reader, SliceWriter, Writer};
 
 /// The format version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 /// Allocation unit of the volume.
 pub const BLOCK_BYTES: u64 = 4096;
 /// `BLOCK_BYTES` as a length in memory.

@@ -504,7 +504,7 @@ pub const HASH_SLOTS: u64 = 1 << 16;
 /// File data is kept in aligned chunks of this size; record DATA key = chunk end offset.
 pub const DATA_CHUNK_BYTES: u64 = 64 * 1024;
 /// File data up to this size is stored inline in the leaf rather than as an extent.
-pub const DATA_INLINE_BYTES_MAX: usize = 2048;
+pub const DATA_INLINE_BYTES_MAX: usize = 512;
 
 /// PATCH records: small writes into a committed chunk, stored without rewriting it.
 ///

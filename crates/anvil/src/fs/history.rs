@@ -3,7 +3,7 @@
 
 use super::{Filesystem, SnapshotInfo, Version};
 use crate::error::{Error, Result};
-use crate::format::record::{rtype, LogicalKey, Payload, Timestamp, VOLUME_OBJ};
+use crate::format::record::{rtype, LogicalKey, Timestamp, VOLUME_OBJ};
 use crate::volume::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -199,7 +199,6 @@ impl Filesystem {
             if e.delete_tid != 0 && e.key.rtype != rtype::INODE {
                 changes.entry(e.delete_tid).or_insert(true);
             }
-            let _ = &e.payload as &Payload;
             true
         });
         crate::btree::loaded(walk)?;

@@ -211,7 +211,7 @@ impl Filesystem {
             }
             if e.delete_tid != 0 && !is_kept(e.key.create_tid, e.delete_tid) {
                 report.elements_removed += 1;
-                if let Payload::Extent(extent) = &e.payload {
+                if let Some(extent) = e.extent() {
                     report.extent_bytes_freed += extent.allocated_bytes();
                 }
                 doomed.push(e.key);
@@ -267,9 +267,10 @@ impl Filesystem {
             if e.key.obj == VOLUME_OBJ {
                 return true; // volume metadata (commit times, snapshots): counted as tree
             }
+            let payload = e.payload();
             if e.delete_tid == 0 {
-                split.live_bytes += element_bytes(&e.payload);
-                if let Payload::Extent(extent) = &e.payload {
+                split.live_bytes += element_bytes(&payload);
+                if let Payload::Extent(extent) = &payload {
                     split.extent_logical_bytes += u64::from(extent.logical_bytes);
                     split.extent_allocated_bytes += extent.allocated_bytes();
                     if let Some(n) = split.extents_by_codec.get_mut(extent.compression as usize) {
@@ -277,7 +278,7 @@ impl Filesystem {
                     }
                 }
             } else {
-                split.history_bytes += element_bytes(&e.payload);
+                split.history_bytes += element_bytes(&payload);
             }
             true
         })?;

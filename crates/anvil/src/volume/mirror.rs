@@ -548,7 +548,7 @@ impl Volume {
                     Some(Mention::Delete(tid)) if e.delete_tid == 0 => {
                         mutations.push(Mutation::Replace(Element {
                             delete_tid: tid,
-                            ..e.clone()
+                            ..e.to_element()
                         }));
                     }
                     Some(Mention::Delete(tid)) if e.delete_tid == tid => {}
@@ -583,7 +583,7 @@ impl Volume {
                             report.ended += 1;
                             mutations.push(Mutation::Replace(Element {
                                 delete_tid: tid,
-                                ..e.clone()
+                                ..e.to_element()
                             }));
                         }
                     }
@@ -684,7 +684,7 @@ impl Volume {
                 return true;
             }
             if e.key.rtype == rtype::INODE && e.delete_tid == 0 {
-                if let Payload::Inline(bytes) = &e.payload {
+                if let Payload::Inline(bytes) = &e.payload() {
                     if Inode::decode(bytes).is_ok_and(|i| i.flags & inode_flags::NOHISTORY != 0) {
                         nohistory.insert(e.key.obj);
                     }
@@ -698,7 +698,7 @@ impl Volume {
             } else if e.delete_tid > at {
                 mutations.push(Mutation::Replace(Element {
                     delete_tid: 0,
-                    ..e.clone()
+                    ..e.to_element()
                 }));
             }
             true

@@ -27,6 +27,7 @@ use crate::btree::{self, Loader, Need, Root, Stop};
 use crate::cache::BlockCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::format::leaf::ElementView;
 use crate::format::log::{
     batch_bytes, encode_batch_into, BatchHead, EntryRef, LogBatch, LogEntry, LogValue, ValueRef,
     LOG_UNIT_BYTES, LOG_UNIT_LEN,
@@ -1305,7 +1306,11 @@ impl Volume {
         let loader = self.loader();
         let result = btree::range(&loader, root.root, &lo_key, &hi_key, &mut |e| {
             if e.visible_at(tid) {
-                out.push((e.key.logical(), payload_value(&e.payload), e.key.create_tid));
+                out.push((
+                    e.key.logical(),
+                    payload_value(&e.payload()),
+                    e.key.create_tid,
+                ));
             }
             out.len() < limit
         });
@@ -1758,7 +1763,12 @@ impl Volume {
         if previous.space_map_address != 0 {
             freed.push((previous.space_map_address, previous.space_map_bytes));
         }
-        let mut bytes = previous.space_map_bytes.max(BLOCK_BYTES);
+        // Whole nodes: the map moves at every commit, and a map of a few blocks would leave
+        // holes smaller than a node behind it, free space that no commit can use for the
+        // nodes it copies (a full volume then fails the commit of a delete, with hundreds
+        // of KiB free in 4 KiB pieces).
+        let node_round = |b: u64| b.div_ceil(NODE_BYTES as u64) * NODE_BYTES as u64;
+        let mut bytes = node_round(previous.space_map_bytes.max(BLOCK_BYTES));
         loop {
             let address = self.space.allocate(bytes, Purpose::Metadata)?;
             let ranges = match self.space.persisted_free(freed, committing) {
@@ -1783,7 +1793,7 @@ impl Volume {
             // Too small: give the blocks back (nothing refers to them) and retry with room
             // to grow, so a slowly growing map is not reallocated by every commit.
             self.space.release(address, bytes);
-            bytes = (needed + needed / 8).div_ceil(BLOCK_BYTES) * BLOCK_BYTES + BLOCK_BYTES;
+            bytes = node_round(needed + needed / 8 + BLOCK_BYTES);
         }
     }
 
@@ -2418,15 +2428,15 @@ impl Volume {
                 next = Some(e.key);
                 return false;
             }
-            match &e.payload {
+            match e.payload() {
                 Payload::Extent(extent) => {
                     budget_used += extent.allocated_bytes();
-                    batch.push((e.key, *extent));
+                    batch.push((e.key, extent));
                 }
                 // Inline elements are touched too, so every leaf is rewritten in order.
-                Payload::Inline(_) => {
-                    budget_used += e.encoded_bytes() as u64;
-                    touched.push(Mutation::Relocate(e.key, e.payload.clone()));
+                payload @ Payload::Inline(_) => {
+                    budget_used += e.to_element().encoded_bytes() as u64;
+                    touched.push(Mutation::Relocate(e.key, payload));
                 }
             }
             true
@@ -2536,7 +2546,7 @@ impl Volume {
     }
 
     /// Visits every element of the committed tree (for `check` and tools).
-    pub fn scan(&self, visit: &mut dyn FnMut(&Element) -> bool) -> Result<()> {
+    pub fn scan(&self, visit: &mut dyn FnMut(&ElementView<'_>) -> bool) -> Result<()> {
         let root = self.root();
         let loader = self.loader();
         btree::loaded(btree::range(
@@ -2711,8 +2721,8 @@ fn walk_space(loader: &Loader<'_>, space: &Space, root: Root) -> Result<u64> {
         space.mark_used(address, NODE_BYTES as u64)?;
         let node = loader.load(address, level)?;
         match &*node {
-            Node::Leaf(elements) => {
-                for element in elements {
+            Node::Leaf(leaf) => {
+                for element in leaf.iter() {
                     if element.key.rtype == rtype::INODE && element.delete_tid == 0 {
                         live_objects += 1;
                     }

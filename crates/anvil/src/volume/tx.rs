@@ -85,17 +85,17 @@ impl<'a> Tx<'a> {
         obj
     }
 
-    /// The live committed version of `lk`: (create_tid, value).
+    /// The live committed version of `lk`: (create_tid, value). Looked for newest first.
     fn tree_live(&self, lk: LogicalKey) -> Step<Option<(u64, Value)>> {
         let mut found = None;
-        btree::range(
+        btree::range_rev(
             &self.source(),
             self.state.root.root,
             &Key::new(lk, 0),
             &Key::new(lk, u64::MAX),
             &mut |e| {
                 if e.delete_tid == 0 {
-                    found = Some((e.key.create_tid, payload_value(&e.payload)));
+                    found = Some((e.key.create_tid, payload_value(&e.payload())));
                     return false;
                 }
                 true
@@ -333,7 +333,7 @@ impl<'a> Tx<'a> {
                 &Key::new(hi_lk, u64::MAX),
                 &mut |e| {
                     if e.delete_tid == 0 {
-                        batch.push((e.key.key, payload_value(&e.payload), e.key.create_tid));
+                        batch.push((e.key.key, payload_value(&e.payload()), e.key.create_tid));
                     }
                     batch.len() < limit
                 },

@@ -148,9 +148,9 @@ pub fn decode_block(data: &[u8]) -> bool {
             else {
                 return false;
             };
-            if let Node::Leaf(elements) = &node {
-                for element in elements {
-                    decode_record(element);
+            if let Node::Leaf(leaf) = &node {
+                for element in leaf.iter() {
+                    decode_record(&element);
                 }
             }
             let encoded = node.encode(FUZZ_VOLUME_ID, tid, FUZZ_NODE_ADDRESS);
@@ -718,11 +718,12 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             let mut any = vec![kind_byte(BlockKind::AnyNode)];
             any.extend(trimmed(bytes));
             out.push(("decode_blocks", format!("anynode-{count}"), any));
-            let Ok((Node::Leaf(elements), _)) =
+            let Ok((Node::Leaf(leaf), _)) =
                 Node::decode(bytes, &volume_id_of(bytes), block.start as u64, Some(0))
             else {
                 continue;
             };
+            let elements = leaf.to_vec();
             let mut stream = vec![kind_byte(BlockKind::Elements)];
             let mut w = Writer::default();
             for element in elements.iter().take(6) {
