@@ -18,6 +18,8 @@
 //! - `format-v5-killed`: format version 5 (whole chunks written ahead of their commit, the
 //!   log naming their extents), taken as `format-v4-killed` was, with a file of whole
 //!   chunks, one of them rewritten in part, that only the redo log names.
+//! - `format-v6-killed`: format version 6 (leaves hold packed elements, data inline up to
+//!   512 bytes), taken as `format-v5-killed` was.
 //!
 //! Each later format change adds its own pair. To write one with the current build:
 //! `ANVIL_WRITE_FIXTURE=NAME cargo test --release -p anvil --test format_fixture -- --ignored`
@@ -30,12 +32,13 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "format-v2-nomap",
     "format-v2",
     "format-v3-killed",
     "format-v4-killed",
     "format-v5-killed",
+    "format-v6-killed",
 ];
 const VOLUME_BYTES: u64 = 16 << 20;
 
