@@ -382,7 +382,7 @@ fn apply_leaf(
         let below = leaf.lower_bound(&key).max(index);
         merged.extend(leaf.items(index).take(below - index));
         index = below;
-        let existing = (index < leaf.len() && leaf.key(index) == key).then(|| {
+        let existing = (index < leaf.len() && leaf.compare(index, &key).is_eq()).then(|| {
             index += 1;
             leaf.get(index - 1)
         });

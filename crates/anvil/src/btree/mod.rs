@@ -177,7 +177,7 @@ fn walk(
     match &*node {
         Node::Leaf(leaf) => {
             for index in leaf.lower_bound(lo)..leaf.len() {
-                if leaf.key(index) > *hi {
+                if leaf.compare(index, hi).is_gt() {
                     return Ok(false);
                 }
                 if !visit(&leaf.view(index)) {
@@ -230,13 +230,13 @@ fn walk_rev(
         Node::Leaf(leaf) => {
             // Elements at or below `hi`: those before the first one above it.
             let end = leaf.lower_bound(hi);
-            let end = if end < leaf.len() && leaf.key(end) == *hi {
+            let end = if end < leaf.len() && leaf.compare(end, hi).is_eq() {
                 end + 1
             } else {
                 end
             };
             for index in (0..end).rev() {
-                if leaf.key(index) < *lo {
+                if leaf.compare(index, lo).is_lt() {
                     return Ok(false);
                 }
                 if !visit(&leaf.view(index)) {

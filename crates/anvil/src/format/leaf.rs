@@ -623,12 +623,61 @@ impl Leaf {
         unpack(&mut self.reader(index)).expect("validated leaf")
     }
 
+    /// How element `index`'s key compares with `key`, decoding its fields only as far as
+    /// they decide (most comparisons in a search end at `obj`).
+    pub fn compare(&self, index: usize, key: &Key) -> std::cmp::Ordering {
+        let mut at = usize::from(self.starts[index]);
+        let bytes = &self.bytes[..];
+        // The leaf was validated when built: these reads stay inside it, and a byte past
+        // the end (which cannot happen) reads as zero rather than panicking.
+        let byte = |at: usize| bytes.get(at).copied().unwrap_or(0);
+        let varint = |at: &mut usize| {
+            let mut value = 0u64;
+            let mut shift = 0;
+            loop {
+                let b = byte(*at);
+                *at += 1;
+                value |= u64::from(b & 0x7f).checked_shl(shift).unwrap_or(0);
+                if b & 0x80 == 0 || shift >= 63 {
+                    return value;
+                }
+                shift += 7;
+            }
+        };
+        let flags = byte(at);
+        at += 1;
+        let order = varint(&mut at).cmp(&key.obj);
+        if order.is_ne() {
+            return order;
+        }
+        let order = byte(at).cmp(&key.rtype);
+        at += 1;
+        if order.is_ne() {
+            return order;
+        }
+        let element_key = if flags & flag::KEY_FIXED != 0 {
+            let mut le = [0u8; 8];
+            for (i, b) in le.iter_mut().enumerate() {
+                *b = byte(at + i);
+            }
+            at += 8;
+            u64::from_le_bytes(le)
+        } else {
+            varint(&mut at)
+        };
+        let order = element_key.cmp(&key.key);
+        if order.is_ne() {
+            return order;
+        }
+        varint(&mut at).cmp(&key.create_tid)
+    }
+
     /// Index of the first element whose key is not below `key`.
     pub fn lower_bound(&self, key: &Key) -> usize {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.key(mid) < *key {
+            if self.compare(mid, key).is_lt() {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -640,7 +689,7 @@ impl Leaf {
     /// The element with exactly `key`.
     pub fn find(&self, key: &Key) -> Option<Element> {
         let index = self.lower_bound(key);
-        (index < self.len() && self.key(index) == *key).then(|| self.get(index))
+        (index < self.len() && self.compare(index, key).is_eq()).then(|| self.get(index))
     }
 
     pub fn first_key(&self) -> Option<Key> {
@@ -795,6 +844,20 @@ mod tests {
             assert_eq!(leaf.lower_bound(&e.key), i);
         }
         assert_eq!(leaf.find(&key(3, 0, 0, 0)), None);
+        for probe in elements.iter().map(|e| e.key).chain([
+            key(0, 0, 0, 0),
+            key(2, rtype::DIRENT, 70_000, 10),
+            key(300_000, rtype::DATA, 65536, 8),
+            key(u64::MAX, u8::MAX, u64::MAX, u64::MAX),
+        ]) {
+            for i in 0..leaf.len() {
+                assert_eq!(
+                    leaf.compare(i, &probe),
+                    leaf.key(i).cmp(&probe),
+                    "{i} {probe:?}"
+                );
+            }
+        }
         // The common records take a fraction of their old encoding.
         let dirent = &elements[0];
         assert!(packed_bytes(dirent) < dirent.encoded_bytes() / 2 + 4);
