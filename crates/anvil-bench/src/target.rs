@@ -738,7 +738,7 @@ impl Target {
             let rate = |hits: u64, misses: u64| hits as f64 / (hits + misses).max(1) as f64;
             eprintln!(
                 "anvil-lib cache: {} of {} MiB ({} MiB for nodes); nodes {:.3} hits ({} misses), \
-                 extents {:.3} hits ({} misses)",
+                 extents {:.3} hits ({} misses), locality sets {:.3} hits ({} misses)",
                 c.bytes >> 20,
                 c.budget_bytes >> 20,
                 c.node_budget_bytes >> 20,
@@ -746,6 +746,8 @@ impl Target {
                 c.node_misses,
                 rate(c.extent_hits, c.extent_misses),
                 c.extent_misses,
+                rate(c.set_hits, c.set_misses),
+                c.set_misses,
             );
             note(
                 fs.close()

@@ -335,6 +335,7 @@ mod tests {
             logical_bytes: stored_bytes,
             checksum: 7,
             compression: 0,
+            set: Default::default(),
         }
     }
 

@@ -20,12 +20,22 @@
 //!
 //! Extent entries need no invalidation: the key holds the device address, the stored and
 //! logical lengths, the codec and the checksum of the stored bytes, so a block reused for
-//! other data has another key. Node entries are keyed by address alone and removed when
+//! other data has another key.
+//!
+//! Locality sets (Hummingbird's clusters: the files a proxy named together, read in one
+//! request) are kept as read from the device, keyed by their range, in half of the data
+//! share once the first one is read, least recently used first: a set is read for its first
+//! member and is worth its memory only until its mates have been asked for, a few hundred
+//! reads later, which CLOCK-Pro's small cold ring would not wait for (a run that kept sets
+//! there hit them 31 times in 100; see docs/design.md). Members are verified against their
+//! own checksums whenever one is taken from a set, so a set whose blocks were reused since
+//! serves nothing wrong (`Volume::read_extent`). Node entries are keyed by address alone and removed when
 //! the commit that frees the node is published (`Volume::retire`), while no operation can
 //! walk the old tree any more and before the block can be reused.
 
 use crate::format::node::Node;
 use crate::format::record::ExtentRef;
+use lru::LruCache;
 use parking_lot::Mutex;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
@@ -109,6 +119,37 @@ impl GhostKey for ExtentRef {
     }
 }
 
+/// Locality sets as read, by (offset, length), least recently used first, and their part
+/// of the data share: half when the first set is kept, then moved by ghost hits as the
+/// split between nodes and file data is (a set evicted lately and read again asks for
+/// its size; an extent likewise asks for its own).
+struct Sets {
+    lru: LruCache<(u64, u64), Arc<Vec<u8>>>,
+    bytes: u64,
+    budget: u64,
+    /// Whether a set was ever kept (from then on sets have a part of the data share).
+    used: bool,
+    ghosts: Ghosts,
+    /// Ghost hits not yet acted on: positive asks for sets, negative for extents.
+    pressure: i64,
+}
+
+fn set_ghost(offset: u64, bytes: u64) -> u64 {
+    offset ^ bytes.rotate_left(41)
+}
+
+impl Sets {
+    fn trim(&mut self) {
+        while self.bytes > self.budget {
+            let Some(((offset, bytes), _)) = self.lru.pop_lru() else {
+                break;
+            };
+            self.bytes -= bytes + ENTRY_OVERHEAD_BYTES;
+            self.ghosts.add(set_ghost(offset, bytes));
+        }
+    }
+}
+
 /// The budget split of an adaptive cache.
 struct Split {
     total: u64,
@@ -144,6 +185,9 @@ pub struct CacheStats {
     pub node_misses: u64,
     pub extent_hits: u64,
     pub extent_misses: u64,
+    /// Reads of an extent in a locality set that found the set cached, and that did not.
+    pub set_hits: u64,
+    pub set_misses: u64,
     /// The budget nodes have now (it moves when the split is adaptive).
     pub node_budget_bytes: u64,
 }
@@ -151,6 +195,7 @@ pub struct CacheStats {
 pub struct BlockCache {
     nodes: Cache<u64, TidNode, Bytes, DefaultHashBuilder, Remember>,
     extents: Cache<ExtentRef, Arc<Vec<u8>>, Bytes, DefaultHashBuilder, Remember>,
+    sets: Mutex<Sets>,
     budget_bytes: u64,
     /// None: the split is fixed.
     split: Option<Mutex<Split>>,
@@ -160,6 +205,8 @@ pub struct BlockCache {
     node_misses: AtomicU64,
     extent_hits: AtomicU64,
     extent_misses: AtomicU64,
+    set_hits: AtomicU64,
+    set_misses: AtomicU64,
 }
 
 impl BlockCache {
@@ -203,6 +250,15 @@ impl BlockCache {
                 hasher(),
                 extent_ghosts.clone(),
             ),
+            sets: Mutex::new(Sets {
+                lru: LruCache::unbounded(),
+                bytes: 0,
+                budget: extent_bytes / 2,
+                used: false,
+                // As many as the whole budget would hold of 32 KiB sets.
+                ghosts: Ghosts::new(usize::try_from(total / (32 << 10)).unwrap_or(usize::MAX)),
+                pressure: 0,
+            }),
             budget_bytes: total,
             split: adaptive.then(|| {
                 Mutex::new(Split {
@@ -217,6 +273,8 @@ impl BlockCache {
             node_misses: AtomicU64::new(0),
             extent_hits: AtomicU64::new(0),
             extent_misses: AtomicU64::new(0),
+            set_hits: AtomicU64::new(0),
+            set_misses: AtomicU64::new(0),
         }
     }
 
@@ -227,6 +285,9 @@ impl BlockCache {
         };
         if !ghosts.lock().take(key) {
             return;
+        }
+        if ask < 0 {
+            self.move_sets(ask);
         }
         let mut split = split.lock();
         split.pressure += ask;
@@ -250,10 +311,61 @@ impl BlockCache {
         // Shrink first, so that the two never hold more than the whole.
         if shrinking {
             self.nodes.set_capacity(node_bytes);
-            self.extents.set_capacity(split.total - node_bytes);
+            self.set_data_share(split.total - node_bytes);
         } else {
-            self.extents.set_capacity(split.total - node_bytes);
+            self.set_data_share(split.total - node_bytes);
             self.nodes.set_capacity(node_bytes);
+        }
+    }
+
+    /// Gives file data `bytes`: all of it to decoded extents until a locality set is kept,
+    /// then split between the two as it was.
+    fn set_data_share(&self, bytes: u64) {
+        let mut sets = self.sets.lock();
+        if sets.used {
+            let share = sets.budget + self.extents.capacity();
+            sets.budget = u64::try_from(
+                u128::from(bytes) * u128::from(sets.budget) / u128::from(share.max(1)),
+            )
+            .unwrap_or(bytes / 2);
+            self.extents.set_capacity(bytes - sets.budget);
+            sets.trim();
+        } else {
+            sets.budget = bytes / 2;
+            self.extents.set_capacity(bytes);
+        }
+    }
+
+    /// Notes a ghost hit of file data, `ask` bytes toward sets (positive) or extents, and
+    /// moves the split between them once the asks add up to a step.
+    fn move_sets(&self, ask: i64) {
+        let mut sets = self.sets.lock();
+        if !sets.used {
+            return;
+        }
+        sets.pressure += ask;
+        let share = sets.budget + self.extents.capacity();
+        #[expect(
+            clippy::cast_possible_wrap,
+            reason = "a memory budget is far below 2^63 bytes"
+        )]
+        let step = (share / 32) as i64;
+        if sets.pressure.abs() < step {
+            return;
+        }
+        let least = share / SHARE_MIN_DIVISOR;
+        let budget = sets
+            .budget
+            .saturating_add_signed(sets.pressure)
+            .clamp(least, share - least);
+        sets.pressure = 0;
+        if budget < sets.budget {
+            sets.budget = budget;
+            sets.trim();
+            self.extents.set_capacity(share - budget);
+        } else {
+            self.extents.set_capacity(share - budget);
+            sets.budget = budget;
         }
     }
 
@@ -299,13 +411,59 @@ impl BlockCache {
         self.extents.remove(extent);
     }
 
+    /// The stored bytes of the locality set `[offset, offset + bytes)`, if cached.
+    pub fn set(&self, offset: u64, bytes: u64) -> Option<Arc<Vec<u8>>> {
+        let mut sets = self.sets.lock();
+        let found = sets.lru.get(&(offset, bytes)).cloned();
+        let ghost = found.is_none() && sets.ghosts.take(set_ghost(offset, bytes));
+        drop(sets);
+        count(&self.set_hits, &self.set_misses, found.is_some());
+        if ghost {
+            #[expect(clippy::cast_possible_wrap, reason = "a set is at most 256 KiB")]
+            self.move_sets(bytes as i64);
+        }
+        found
+    }
+
+    /// Caches a locality set's bytes as read from the device (unverified: each member is
+    /// verified when it is taken from them). The first one moves half of the data share
+    /// from decoded extents to sets.
+    pub fn insert_set(&self, offset: u64, stored: Arc<Vec<u8>>) {
+        let bytes = stored.len() as u64;
+        let mut sets = self.sets.lock();
+        if !sets.used {
+            sets.used = true;
+            let share = self.extents.capacity();
+            sets.budget = share / 2;
+            self.extents.set_capacity(share - share / 2);
+        }
+        if bytes + ENTRY_OVERHEAD_BYTES > sets.budget {
+            return;
+        }
+        if let Some(old) = sets.lru.put((offset, bytes), stored) {
+            sets.bytes -= old.len() as u64 + ENTRY_OVERHEAD_BYTES;
+        }
+        sets.bytes += bytes + ENTRY_OVERHEAD_BYTES;
+        sets.trim();
+    }
+
+    pub fn remove_set(&self, offset: u64, bytes: u64) {
+        let mut sets = self.sets.lock();
+        if sets.lru.pop(&(offset, bytes)).is_some() {
+            sets.bytes -= bytes + ENTRY_OVERHEAD_BYTES;
+        }
+    }
+
     pub fn clear(&self) {
         self.nodes.clear();
         self.extents.clear();
+        let mut sets = self.sets.lock();
+        sets.lru.clear();
+        sets.bytes = 0;
     }
 
     pub fn memory_bytes(&self) -> u64 {
-        self.nodes.weight() + self.extents.weight()
+        self.nodes.weight() + self.extents.weight() + self.sets.lock().bytes
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -316,6 +474,8 @@ impl BlockCache {
             node_misses: self.node_misses.load(Ordering::Relaxed),
             extent_hits: self.extent_hits.load(Ordering::Relaxed),
             extent_misses: self.extent_misses.load(Ordering::Relaxed),
+            set_hits: self.set_hits.load(Ordering::Relaxed),
+            set_misses: self.set_misses.load(Ordering::Relaxed),
             node_budget_bytes: self.nodes.capacity(),
         }
     }
@@ -337,6 +497,7 @@ mod tests {
             logical_bytes: 4096,
             checksum,
             compression: compression::NONE,
+            set: crate::format::record::LocalitySet::NONE,
         }
     }
 
@@ -349,6 +510,43 @@ mod tests {
         assert!(cache.extent(&extent(8192, 2)).is_none());
         let stats = cache.stats();
         assert_eq!((stats.extent_hits, stats.extent_misses), (1, 1));
+    }
+
+    #[test]
+    fn sets_take_half_the_data_share_least_recently_used_first() {
+        let cache = BlockCache::new(4 << 20, 16 << 20);
+        // Before any set, decoded extents have all of the data share.
+        for c in 0..200u64 {
+            let e = ExtentRef {
+                stored_bytes: 65536,
+                logical_bytes: 65536,
+                ..extent(c * 65536, c)
+            };
+            cache.insert_extent(e, Arc::new(vec![0; 65536]));
+        }
+        assert!(cache.extents.weight() > 12 << 20);
+        // 32 KiB sets, read in turn; set 0 is read again after each new one.
+        cache.insert_set(1 << 30, Arc::new(vec![0; 32 << 10]));
+        for s in 1..1000u64 {
+            assert!(cache.set(1 << 30, 32 << 10).is_some(), "set {s}");
+            cache.insert_set((1 << 30) + s * (32 << 10), Arc::new(vec![0; 32 << 10]));
+        }
+        assert!(
+            cache.set((1 << 30) + (32 << 10), 32 << 10).is_none(),
+            "evicted"
+        );
+        assert!(cache.set((1 << 30) + 999 * (32 << 10), 32 << 10).is_some());
+        assert!(
+            cache.memory_bytes() <= (20 << 20) + (1 << 20),
+            "within the budget"
+        );
+        let sets = cache.sets.lock().bytes;
+        assert!(sets > 7 << 20 && sets <= 8 << 20, "{sets}");
+        assert!(cache.extents.weight() <= 8 << 20);
+        cache.remove_set(1 << 30, 32 << 10);
+        assert!(cache.set(1 << 30, 32 << 10).is_none());
+        cache.clear();
+        assert_eq!(cache.memory_bytes(), 0);
     }
 
     fn leaf(n: u64) -> Arc<Node> {

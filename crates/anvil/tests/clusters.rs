@@ -83,6 +83,107 @@ fn locality_hints_put_a_page_together() {
     }
 }
 
+/// A hinted page is a locality set: every member's extent names the page's blocks, and a
+/// read of the page from a cold cache reads them once for all twelve files.
+#[test]
+fn a_read_of_one_member_brings_its_set() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options(false)).unwrap();
+    let pages = interleaved_pages(&fs, true);
+    let mut sets = HashMap::new();
+    fs.volume()
+        .scan(&mut |element| {
+            if let (rtype::DATA, Some(extent)) = (element.key.rtype, element.extent()) {
+                sets.insert(element.key.obj, extent.set_span());
+            }
+            true
+        })
+        .unwrap();
+    let extents = extents(&fs);
+    for page in &pages {
+        let start = page.iter().map(|ino| extents[ino].0).min().unwrap();
+        for ino in page {
+            // Twelve files of two blocks.
+            assert_eq!(sets[ino], Some((start, 12 * 8192)), "inode {ino}");
+        }
+    }
+    fs.volume().drop_caches();
+    let before = fs.volume().cache_stats();
+    for i in 0..12 {
+        fs.read_file(&format!("/p0-{i:02}")).unwrap();
+    }
+    let after = fs.volume().cache_stats();
+    assert_eq!(
+        (
+            after.set_misses - before.set_misses,
+            after.set_hits - before.set_hits
+        ),
+        (1, 11)
+    );
+    // Unhinted files written together are in no set.
+    let fs_plain = {
+        let device = Arc::new(MemDevice::new(0));
+        Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
+        Filesystem::open(device as Arc<dyn Device>, options(false)).unwrap()
+    };
+    interleaved_pages(&fs_plain, false);
+    fs_plain
+        .volume()
+        .scan(&mut |element| {
+            if let Some(extent) = element.extent() {
+                assert_eq!(extent.set_span(), None);
+            }
+            true
+        })
+        .unwrap();
+}
+
+/// A cached set whose blocks were written again since serves no stale bytes: an extent
+/// in a set of the same blocks is verified against its own checksum, and the set is read
+/// again from the device.
+#[test]
+fn a_set_cached_before_its_blocks_were_reused_serves_nothing_stale() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options(false)).unwrap();
+    interleaved_pages(&fs, true);
+    let mut member = None;
+    fs.volume()
+        .scan(&mut |element| {
+            if let Some(extent) = element.extent() {
+                member = member.or(extent.set_span().map(|_| extent));
+            }
+            true
+        })
+        .unwrap();
+    let old = member.expect("a member of a set");
+    fs.volume().drop_caches();
+    fs.volume().read_extent(&old).unwrap(); // the set is cached now
+                                            // Its blocks reused (as a freed and reallocated range would be): other bytes, and an
+                                            // extent with the same place and set.
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(99);
+    let bytes = random_bytes(&mut rng, old.stored_bytes as usize);
+    device.write_at(&bytes, old.offset).unwrap();
+    let new = anvil::format::record::ExtentRef {
+        checksum: anvil::checksum::checksum(&bytes),
+        compression: anvil::format::record::compression::NONE,
+        logical_bytes: old.stored_bytes,
+        ..old
+    };
+    let before = fs.volume().cache_stats();
+    assert_eq!(*fs.volume().read_extent(&new).unwrap(), bytes);
+    let after = fs.volume().cache_stats();
+    assert_eq!(
+        after.set_hits - before.set_hits,
+        1,
+        "the stale set was looked at"
+    );
+    // The set read again holds the new bytes: a second read is served from it.
+    assert_eq!(*fs.volume().read_extent(&new).unwrap(), bytes);
+    assert_eq!(fs.volume().cache_stats().set_hits - after.set_hits, 1);
+}
+
 /// Files created, rewritten and deleted at random, some with hints, with commits in between
 /// and cache drops now and then; with history, every file reads back as it was at every
 /// TID; without, freed space is reused by later clusters.

@@ -20,6 +20,8 @@
 //!   chunks, one of them rewritten in part, that only the redo log names.
 //! - `format-v6-killed`: format version 6 (leaves hold packed elements, data inline up to
 //!   512 bytes), taken as `format-v5-killed` was.
+//! - `format-v7-killed`: format version 7 (extents in a locality set name it), taken as
+//!   `format-v6-killed` was, with a page and two images named together by hints.
 //!
 //! Each later format change adds its own pair. To write one with the current build:
 //! `ANVIL_WRITE_FIXTURE=NAME cargo test --release -p anvil --test format_fixture -- --ignored`
@@ -32,13 +34,14 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "format-v2-nomap",
     "format-v2",
     "format-v3-killed",
     "format-v4-killed",
     "format-v5-killed",
     "format-v6-killed",
+    "format-v7-killed",
 ];
 const VOLUME_BYTES: u64 = 16 << 20;
 
@@ -82,6 +85,16 @@ fn populate(fs: &Filesystem) -> Vec<u64> {
     fs.write_file("/zero.bin", &bytes(131_072, 2, 90)).unwrap();
     fs.symlink(root, 1, b"link", b"docs/a.txt").unwrap();
     let log = fs.write_file("/log.txt", &bytes(20_000, 4, 40)).unwrap();
+    // A page and its images named together: a locality set (format version 7).
+    let page = fs
+        .write_file("/docs/page.html", &bytes(3000, 7, 50))
+        .unwrap();
+    for (i, len) in [2000, 6000].into_iter().enumerate() {
+        let image = fs
+            .write_file(&format!("/docs/img{i}"), &bytes(len, 8 + i as u64, 0))
+            .unwrap();
+        fs.set_locality(image, page);
+    }
     let tid1 = fs.sync().unwrap();
 
     let big = fs.resolve("/big.bin").unwrap();
@@ -209,6 +222,14 @@ fn every_fixture_reads_back_at_every_tid_and_checks_clean() {
             .map(|s| s.label)
             .collect();
         assert_eq!(labels, ["before-delete"], "{name}");
+        let mut in_sets = 0;
+        fs.volume()
+            .scan(&mut |element| {
+                in_sets += usize::from(element.extent().and_then(|e| e.set_span()).is_some());
+                true
+            })
+            .unwrap();
+        assert_eq!(in_sets > 0, name >= "format-v7", "{name}: extents in sets");
         let report = anvil::check::check(fs.volume()).unwrap();
         assert!(report.is_clean(), "{name}: {:?}", report.problems);
         // The current build writes on top, and the result still reads and checks.

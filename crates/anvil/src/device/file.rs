@@ -342,6 +342,27 @@ impl FileDevice {
 
     /// Runs a direct request; on EINVAL (the host accepted O_DIRECT at open but not for
     /// this file) switches to the page cache for good and reports it once.
+    /// A read, direct (through the read-around windows if `around`) while direct I/O works.
+    fn read(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<()> {
+        let direct_done = match self.direct_file() {
+            Some(direct) => self.direct_or_fallback(
+                |_| {
+                    match around {
+                        true => self.read_around(direct, buf, offset),
+                        false => direct_read(direct, buf, offset),
+                    }
+                    .map(|()| true)
+                },
+                |_| Ok(false),
+            )?,
+            None => false,
+        };
+        if direct_done {
+            return Ok(());
+        }
+        self.file.read_exact_at(buf, offset)
+    }
+
     fn direct_or_fallback<T>(
         &self,
         direct: impl FnOnce(&File) -> io::Result<T>,
@@ -487,17 +508,11 @@ fn direct_write(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
 
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let direct_done = match self.direct_file() {
-            Some(direct) => self.direct_or_fallback(
-                |_| self.read_around(direct, buf, offset).map(|()| true),
-                |_| Ok(false),
-            )?,
-            None => false,
-        };
-        if direct_done {
-            return Ok(());
-        }
-        self.file.read_exact_at(buf, offset)
+        self.read(buf, offset, true)
+    }
+
+    fn read_whole_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read(buf, offset, false)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -26,6 +26,11 @@ use std::io;
 pub trait Device: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`. Reading past the end is an error.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// `read_at` of a range the caller knows belongs together (a locality set): one
+    /// request for exactly these bytes, with nothing read around them.
+    fn read_whole_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_at(buf, offset)
+    }
     /// Writes all of `buf` at `offset`. Not durable until the next `flush` returns.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Writes the buffers back to back starting at `offset` (one request where the device

@@ -16,8 +16,8 @@
 
 use super::coding::{Reader, Writer};
 use super::record::{
-    rtype, Dirent, Element, ExtentRef, Inode, Key, Payload, Timestamp, INLINE_BYTES_MAX,
-    NAME_BYTES_MAX,
+    rtype, Dirent, Element, ExtentRef, Inode, Key, LocalitySet, Payload, Timestamp,
+    INLINE_BYTES_MAX, NAME_BYTES_MAX,
 };
 use crate::error::{Error, Result};
 use std::fmt;
@@ -40,8 +40,11 @@ mod flag {
     pub const KEY_FIXED: u8 = 1 << 3;
     /// (extent) The offset is stored in 4 KiB blocks.
     pub const OFFSET_BLOCKS: u8 = 1 << 4;
+    /// (extent, format version 7) The extent lies in a locality set: its blocks before the
+    /// extent and its length in blocks follow the compression byte.
+    pub const IN_SET: u8 = 1 << 5;
     /// Bits that must be zero.
-    pub const UNUSED: u8 = 0b1110_0000;
+    pub const UNUSED: u8 = 0b1100_0000;
 }
 
 /// Keys from here up are stored as a fixed u64 (a varint would take 9 or 10 bytes).
@@ -156,6 +159,11 @@ fn pack(element: &Element, sink: &mut dyn Sink) {
     if element.delete_tid != 0 {
         flags |= flag::DELETED;
     }
+    if let Payload::Extent(e) = &element.payload {
+        if e.set_span().is_some() {
+            flags |= flag::IN_SET;
+        }
+    }
     if key.key >= KEY_FIXED_FROM {
         flags |= flag::KEY_FIXED;
     }
@@ -183,6 +191,11 @@ fn pack(element: &Element, sink: &mut dyn Sink) {
             sink.uvarint(u64::from(e.logical_bytes));
             sink.u64(e.checksum);
             sink.u8(e.compression);
+            // A set inconsistent with the extent (none is written) is dropped, not stored.
+            if flags & flag::IN_SET != 0 {
+                sink.uvarint(u64::from(e.set.before_blocks));
+                sink.uvarint(u64::from(e.set.blocks));
+            }
         }
         (Payload::Inline(bytes), Form::Raw) => {
             sink.uvarint(bytes.len() as u64);
@@ -242,7 +255,9 @@ fn bad(what: &str) -> Error {
 
 fn unpack_key(r: &mut Reader<'_>) -> Result<(u8, Key)> {
     let flags = r.u8()?;
-    if flags & flag::UNUSED != 0 {
+    if flags & flag::UNUSED != 0
+        || (flags & flag::IN_SET != 0 && flags & flag::FORM_MASK != flag::EXTENT)
+    {
         return Err(bad("unknown flag bits"));
     }
     let obj = r.uvarint()?;
@@ -364,13 +379,24 @@ fn unpack_extent(flags: u8, r: &mut Reader<'_>) -> Result<ExtentRef> {
     } else {
         offset
     };
-    Ok(ExtentRef {
+    let mut extent = ExtentRef {
         offset,
         stored_bytes: unpack_u32(r)?,
         logical_bytes: unpack_u32(r)?,
         checksum: r.u64()?,
         compression: r.u8()?,
-    })
+        set: LocalitySet::NONE,
+    };
+    if flags & flag::IN_SET != 0 {
+        extent.set = LocalitySet {
+            before_blocks: unpack_u32(r)?,
+            blocks: unpack_u32(r)?,
+        };
+        if extent.set_span().is_none() {
+            return Err(bad("extent outside its locality set"));
+        }
+    }
+    Ok(extent)
 }
 
 /// Reads one packed element.
@@ -797,6 +823,10 @@ mod tests {
                     logical_bytes: 65536,
                     checksum: 0xdead_beef_0123_4567,
                     compression: compression::ZSTD,
+                    set: LocalitySet {
+                        before_blocks: 3,
+                        blocks: 8,
+                    },
                 }),
             },
             Element {
@@ -808,6 +838,7 @@ mod tests {
                     logical_bytes: 0,
                     checksum: 0,
                     compression: 0,
+                    set: LocalitySet::NONE,
                 }),
             },
             Element {
@@ -872,6 +903,49 @@ mod tests {
             packed_bytes(extent) * 2 < extent.encoded_bytes(),
             "extent packs"
         );
+    }
+
+    #[test]
+    fn a_locality_set_packs_only_where_it_holds_its_extent() {
+        let mut elements = samples();
+        let at = elements
+            .iter()
+            .position(|e| matches!(&e.payload, Payload::Extent(x) if !x.set.is_none()))
+            .unwrap();
+        let Payload::Extent(extent) = elements[at].payload.clone() else {
+            unreachable!()
+        };
+        let packed = Leaf::from_elements(&elements);
+        assert_eq!(packed.to_vec()[at], elements[at], "a set round trips");
+        // Sets that cannot hold their extent (ahead of the volume's start, too short, too
+        // long) are not written.
+        for set in [
+            LocalitySet {
+                before_blocks: u32::MAX,
+                blocks: 8,
+            },
+            LocalitySet {
+                before_blocks: 3,
+                blocks: 3,
+            },
+            LocalitySet {
+                before_blocks: 0,
+                blocks: LocalitySet::BLOCKS_MAX + 1,
+            },
+        ] {
+            elements[at].payload = Payload::Extent(ExtentRef { set, ..extent });
+            let leaf = Leaf::from_elements(&elements);
+            assert_eq!(
+                leaf.view(at).extent().map(|e| e.set),
+                Some(LocalitySet::NONE)
+            );
+        }
+        // The set flag on anything but an extent is refused.
+        let mut w = Writer::default();
+        pack(&elements[0], &mut w);
+        assert_ne!(w.bytes[0] & flag::FORM_MASK, flag::EXTENT);
+        w.bytes[0] |= flag::IN_SET;
+        assert!(Leaf::from_packed(&w.bytes, 1).is_err());
     }
 
     #[test]

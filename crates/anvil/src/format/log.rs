@@ -388,6 +388,7 @@ mod tests {
                         logical_bytes: 65536,
                         checksum: 0xfeed_f00d_1234_5678,
                         compression: 2,
+                        set: super::super::record::LocalitySet::NONE,
                     }),
                 },
             ],

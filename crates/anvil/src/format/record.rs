@@ -121,6 +121,32 @@ pub mod compression {
     }
 }
 
+/// The locality set an extent was written in: the blocks around it that a commit filled
+/// with files named together (`Volume::set_locality`), read whole when any member is
+/// read so that its mates come in the same request (format.md section 5). Advisory: each
+/// member keeps its own checksum, is freed on its own, and a set whose other blocks were
+/// reused only costs the bytes read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LocalitySet {
+    /// Blocks of the set before the extent's first block.
+    pub before_blocks: u32,
+    /// Blocks of the whole set; 0: the extent is in no set.
+    pub blocks: u32,
+}
+
+impl LocalitySet {
+    pub const NONE: LocalitySet = LocalitySet {
+        before_blocks: 0,
+        blocks: 0,
+    };
+    /// Longest set (the cluster window of `Volume::write_extents`, with room to grow).
+    pub const BLOCKS_MAX: u32 = 64;
+
+    pub fn is_none(&self) -> bool {
+        self.blocks == 0
+    }
+}
+
 /// Where an extent's bytes live on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExtentRef {
@@ -133,6 +159,9 @@ pub struct ExtentRef {
     /// Checksum of the stored bytes.
     pub checksum: u64,
     pub compression: u8,
+    /// The locality set the extent lies in (kept in packed leaves only; the fixed form
+    /// below, used by the redo log and the mirror stream, carries none).
+    pub set: LocalitySet,
 }
 
 /// Bytes of an encoded `ExtentRef` (in a leaf's element and in a redo log entry).
@@ -142,6 +171,20 @@ impl ExtentRef {
     /// Bytes of the device this extent occupies (whole blocks).
     pub fn allocated_bytes(&self) -> u64 {
         (self.stored_bytes as u64).div_ceil(super::BLOCK_BYTES) * super::BLOCK_BYTES
+    }
+
+    /// The device range `[start, start + len)` of the extent's locality set, if it is in
+    /// one whose bounds are consistent with the extent.
+    pub fn set_span(&self) -> Option<(u64, u64)> {
+        let set = self.set;
+        let block = super::BLOCK_BYTES;
+        let before = u64::from(set.before_blocks) * block;
+        let len = u64::from(set.blocks) * block;
+        let start = self.offset.checked_sub(before)?;
+        (!set.is_none()
+            && set.blocks <= LocalitySet::BLOCKS_MAX
+            && before + self.allocated_bytes() <= len)
+            .then_some((start, len))
     }
 
     /// offset, stored_bytes, logical_bytes, checksum, compression; little endian.
@@ -163,6 +206,7 @@ impl ExtentRef {
             logical_bytes: r.u32()?,
             checksum: r.u64()?,
             compression: r.u8()?,
+            set: LocalitySet::NONE,
         })
     }
 }
@@ -802,6 +846,7 @@ mod tests {
                 logical_bytes: 200,
                 checksum: 9,
                 compression: compression::LZ4,
+                set: LocalitySet::NONE,
             }),
         ] {
             let e = Element {

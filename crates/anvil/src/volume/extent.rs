@@ -111,6 +111,7 @@ mod tests {
             logical_bytes: bytes.len() as u32,
             checksum: crate::checksum::checksum(&stored),
             compression,
+            set: crate::format::record::LocalitySet::NONE,
         };
         (extent, stored)
     }

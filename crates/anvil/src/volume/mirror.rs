@@ -19,8 +19,8 @@ use crate::btree::commit::{apply, CommitContext, Mutation};
 use crate::btree::{self, Change, Root};
 use crate::error::{Error, Result};
 use crate::format::record::{
-    compression, inode_flags, rtype, Element, ExtentRef, Inode, Key, LogicalKey, Payload,
-    DATA_CHUNK_BYTES, ROOT_OBJ, VOLUME_OBJ,
+    compression, inode_flags, rtype, Element, ExtentRef, Inode, Key, LocalitySet, LogicalKey,
+    Payload, DATA_CHUNK_BYTES, ROOT_OBJ, VOLUME_OBJ,
 };
 use crate::format::stream::{Item, StreamHeader, StreamReader, StreamWriter};
 use crate::format::superblock::Superblock;
@@ -485,6 +485,8 @@ impl Volume {
                             logical_bytes,
                             checksum,
                             compression: codec,
+                            // The stream carries no sets; the receiver's blocks are its own.
+                            set: LocalitySet::NONE,
                         }),
                     };
                     plan.mentioned.insert(key, Mention::Insert(element));

@@ -34,8 +34,8 @@ use crate::format::log::{
 };
 use crate::format::node::Node;
 use crate::format::record::{
-    rtype, Element, ExtentRef, Key, LogicalKey, Payload, Timestamp, DATA_INLINE_BYTES_MAX,
-    INLINE_BYTES_MAX, VOLUME_OBJ,
+    rtype, Element, ExtentRef, Key, LocalitySet, LogicalKey, Payload, Timestamp,
+    DATA_INLINE_BYTES_MAX, INLINE_BYTES_MAX, VOLUME_OBJ,
 };
 use crate::format::spacemap;
 use crate::format::superblock::{Superblock, LABEL_BYTES};
@@ -1150,7 +1150,9 @@ impl Volume {
                         extent_location(extent),
                     )));
                 }
-                let found = self.cache.extent(extent)?;
+                let Some(found) = self.cache.extent(extent) else {
+                    return self.read_from_set(extent).map(|bytes| Ok(Arc::new(bytes)));
+                };
                 if !keep(i) {
                     self.cache.remove_extent(extent);
                 }
@@ -1249,9 +1251,47 @@ impl Volume {
         if let Some(bytes) = self.cache.extent(extent) {
             return Ok(bytes);
         }
+        if let Some(bytes) = self.read_from_set(extent) {
+            return Ok(Arc::new(bytes));
+        }
         let bytes = Arc::new(self.read_extent_uncached(extent)?);
         self.cache.insert_extent(*extent, bytes.clone());
         Ok(bytes)
+    }
+
+    /// The verified, decoded bytes of an extent in a locality set, taken from the set's
+    /// bytes: cached, or read whole in one request and kept in the cache's data share, so
+    /// that the set's other members are read from memory (Hummingbird's cluster reads).
+    /// The decoded member is not cached beside its set. None where the set does not serve:
+    /// the extent is in none, the set lies outside the data area, or the extent's bytes in
+    /// it fail its checksum (blocks of a cached set reused since, or damage); the caller
+    /// reads the extent alone, which reports damage as such.
+    fn read_from_set(&self, extent: &ExtentRef) -> Option<Vec<u8>> {
+        let (start, len) = extent.set_span()?;
+        let end = start.checked_add(len)?;
+        if start < self.space.data_offset() || end > self.space.volume_bytes() {
+            return None;
+        }
+        let at = usize::try_from(extent.offset - start).ok()?;
+        let member = |set: &[u8]| {
+            let stored = set.get(at..at + extent.stored_bytes as usize)?;
+            decode_extent(extent, stored).ok()
+        };
+        if let Some(set) = self.cache.set(start, len) {
+            if let Some(bytes) = member(&set) {
+                return Some(bytes);
+            }
+            self.cache.remove_set(start, len);
+        }
+        let mut scratch = RUN_BUFFER.take();
+        let buffer = crate::device::file::aligned_scratch(&mut scratch, usize::try_from(len).ok()?);
+        let read = self.device.read_whole_at(buffer, start);
+        let set = read.is_ok().then(|| Arc::new(buffer.to_vec()));
+        RUN_BUFFER.set(scratch);
+        let set = set?;
+        let bytes = member(&set)?;
+        self.cache.insert_set(start, set);
+        Some(bytes)
     }
 
     /// Reads and verifies one extent from the device, bypassing the cache (for `check`).
@@ -1801,17 +1841,18 @@ impl Volume {
     /// from the chunk buffers.
     fn write_extents(&self, mutations: &mut [Mutation], data: Vec<(usize, Stored)>) -> Result<()> {
         static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
-        let data = self.order_by_locality(mutations, data);
+        let (data, groups) = self.order_by_locality(mutations, data);
         let mut placed: Vec<(u64, u64, &Stored)> = Vec::with_capacity(data.len());
         let sizes: Vec<u64> = data
             .iter()
             .map(|(_, stored)| (stored.bytes().len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
             .collect();
-        let (offsets, runs) = self.place_clustered(&sizes)?;
+        let (offsets, runs) = self.place_clustered(&sizes, &groups)?;
         if self.clusters_wanted.load(Ordering::Relaxed) {
             self.report_clusters(mutations, &data, &runs);
         }
-        for ((index, stored), offset) in data.iter().zip(offsets) {
+        let sets = locality_sets(&offsets, &sizes, &groups, &runs);
+        for (((index, stored), offset), set) in data.iter().zip(offsets).zip(sets) {
             let bytes = stored.bytes();
             let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
             let counted = stored.logical_bytes() as u64 + 64;
@@ -1832,6 +1873,7 @@ impl Volume {
                 logical_bytes: stored.logical_bytes(),
                 checksum: crate::checksum::checksum(bytes),
                 compression: stored.compression(),
+                set,
             };
             if let Mutation::Insert(element) = &mut mutations[*index] {
                 element.payload = Payload::Extent(extent);
@@ -1930,6 +1972,7 @@ impl Volume {
                     compression: encoded[i]
                         .as_ref()
                         .map_or(crate::format::record::compression::NONE, |(c, _)| *c),
+                    set: LocalitySet::NONE,
                 }
             })
             .collect();
@@ -2027,15 +2070,17 @@ impl Volume {
 
     /// Orders the extents a commit writes by (locality group, key): without hints, key
     /// order (objects in creation order, each object's chunks in file order); a hinted
-    /// object's data follows its group's first object.
+    /// object's data follows its group's first object. Beside each extent, its group when
+    /// that holds more than one object named together by hints (0: none).
     fn order_by_locality(
         &self,
         mutations: &[Mutation],
         data: Vec<(usize, Stored)>,
-    ) -> Vec<(usize, Stored)> {
+    ) -> (Vec<(usize, Stored)>, Vec<u64>) {
         let mut hints = self.locality.lock();
         if hints.is_empty() {
-            return data;
+            let groups = vec![0; data.len()];
+            return (data, groups);
         }
         // (group, object, position) beside each extent.
         type Keyed = ((u64, u64, usize), (usize, Stored));
@@ -2053,15 +2098,38 @@ impl Volume {
         }
         drop(hints);
         keyed.sort_unstable_by_key(|(order, _)| *order);
-        keyed.into_iter().map(|(_, extent)| extent).collect()
+        // A group is a locality set where a hint joined two objects in it.
+        let mut groups: Vec<u64> = keyed.iter().map(|((group, _, _), _)| *group).collect();
+        let mut start = 0;
+        while start < keyed.len() {
+            let group = groups[start];
+            let end = start + groups[start..].iter().take_while(|&&g| g == group).count();
+            let named = keyed[start..end]
+                .iter()
+                .any(|((group, obj, _), _)| obj != group)
+                && keyed[start..end]
+                    .iter()
+                    .any(|((_, obj, _), _)| *obj != keyed[start].0 .1);
+            if !named {
+                groups[start..end].fill(0);
+            }
+            start = end;
+        }
+        let data = keyed.into_iter().map(|(_, extent)| extent).collect();
+        (data, groups)
     }
 
     /// Allocates space for extents of `sizes` (whole blocks, in the order they are written):
     /// small ones that follow each other go into one free range per cluster window, so
     /// that files written together lie together even where free space is fragmented (a
     /// next-fit allocator would otherwise scatter them over the holes after the cursor).
+    /// A locality set (`groups`, from `order_by_locality`) begins and ends a cluster.
     /// Returns the offsets and the clusters (ranges of `sizes`, two or more extents each).
-    fn place_clustered(&self, sizes: &[u64]) -> Result<(Vec<u64>, Vec<Range<usize>>)> {
+    fn place_clustered(
+        &self,
+        sizes: &[u64],
+        groups: &[u64],
+    ) -> Result<(Vec<u64>, Vec<Range<usize>>)> {
         let mut offsets = Vec::with_capacity(sizes.len());
         let mut runs = Vec::new();
         let mut start = 0;
@@ -2070,6 +2138,7 @@ impl Volume {
             let mut bytes = sizes[start];
             if sizes[start] <= CLUSTER_EXTENT_BYTES_MAX {
                 while end < sizes.len()
+                    && groups[end] == groups[start]
                     && sizes[end] <= CLUSTER_EXTENT_BYTES_MAX
                     && bytes + sizes[end] <= CLUSTER_WINDOW_BYTES
                 {
@@ -2489,7 +2558,12 @@ impl Volume {
                 }
                 _ => placed.push((offset, vec![stored.as_slice(), &ZEROS[..padding]])),
             }
-            let moved = ExtentRef { offset, ..*extent };
+            // Moved out of its set: the blocks around the new place are other data.
+            let moved = ExtentRef {
+                offset,
+                set: LocalitySet::NONE,
+                ..*extent
+            };
             mutations.push(Mutation::Relocate(*key, Payload::Extent(moved)));
             step.extents_moved += 1;
             step.bytes_moved += allocated;
@@ -2597,6 +2671,41 @@ impl Stored {
 type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock, Vec<ExtentRef>);
 
 /// A log entry the engine could have written: known record type, value within its limits.
+/// The locality set of each extent a commit places: the clusters `place_clustered` made of
+/// one group named by hints (`groups` nonzero) are sets, each member told where the set
+/// begins and how long it is.
+fn locality_sets(
+    offsets: &[u64],
+    sizes: &[u64],
+    groups: &[u64],
+    runs: &[Range<usize>],
+) -> Vec<LocalitySet> {
+    let mut sets = vec![LocalitySet::NONE; offsets.len()];
+    for run in runs {
+        if groups[run.start] == 0 {
+            continue;
+        }
+        let start = offsets[run.start];
+        let bytes: u64 = sizes[run.clone()].iter().sum();
+        let (Ok(blocks), true) = (
+            u32::try_from(bytes / BLOCK_BYTES),
+            offsets[run.end - 1] + sizes[run.end - 1] == start + bytes,
+        ) else {
+            continue;
+        };
+        for at in run.clone() {
+            let Ok(before_blocks) = u32::try_from((offsets[at] - start) / BLOCK_BYTES) else {
+                continue;
+            };
+            sets[at] = LocalitySet {
+                before_blocks,
+                blocks,
+            };
+        }
+    }
+    sets
+}
+
 fn log_entry_is_valid(entry: &LogEntry) -> bool {
     let len = match &entry.value {
         // Only whole chunks are written ahead of their commit.
