@@ -72,11 +72,9 @@ pub trait Vfs: Send + Sync {
     /// open(O_CREAT | O_TRUNC | O_WRONLY).
     fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>>;
     /// `create`, with a hint that the file belongs with `near` (Hummingbird's
-    /// `collocate_files`). Only anvil-lib uses it; elsewhere it is a plain create.
-    fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>> {
-        let _ = near;
-        self.create(path, mode)
-    }
+    /// `collocate_files`): for anvil targets only (the library's `set_locality`, or a
+    /// mount's `trusted.anvil.near` attribute, which elsewhere would be stored as junk).
+    fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>>;
     /// Turns history off below directory `path` on an anvil volume (`anvil nohistory`).
     /// Only for anvil targets: elsewhere the attribute would be stored as junk.
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()>;
@@ -128,6 +126,19 @@ impl PosixVfs {
         full.extend_from_slice(&self.root);
         full.extend_from_slice(path.as_bytes());
         CString::new(full).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    fn stat(&self, path: &str) -> io::Result<libc::stat> {
+        let c = self.c_path(path)?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: valid path and output buffer.
+        check(unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) })?;
+        // SAFETY: stat succeeded and filled `st`.
+        Ok(unsafe { st.assume_init() })
+    }
+
+    fn ino(&self, path: &str) -> io::Result<u64> {
+        Ok(self.stat(path)?.st_ino)
     }
 
     /// Writes "1" to the anvil control attribute `name` of `path`.
@@ -200,6 +211,35 @@ impl Vfs for PosixVfs {
         self.open_at(path, libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY, mode)
     }
 
+    fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>> {
+        let c = self.c_path(path)?;
+        // SAFETY: NUL-terminated path.
+        let fd = check(unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        })?;
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A hint about a file that is gone (evicted) is no hint.
+        if let Ok(ino) = self.ino(near) {
+            let value = ino.to_string();
+            // SAFETY: an open fd, a NUL-terminated name, and a value that outlives the call.
+            check(unsafe {
+                libc::fsetxattr(
+                    file.as_raw_fd(),
+                    c"trusted.anvil.near".as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    0,
+                )
+            })?;
+        }
+        Ok(Box::new(PosixFile(file)))
+    }
+
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
         self.switch_on(path, c"trusted.anvil.nohistory")
     }
@@ -231,12 +271,7 @@ impl Vfs for PosixVfs {
     }
 
     fn stat_size(&self, path: &str) -> io::Result<u64> {
-        let c = self.c_path(path)?;
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: valid path and output buffer.
-        check(unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) })?;
-        // SAFETY: stat succeeded and filled `st`.
-        Ok(unsafe { st.assume_init() }.st_size as u64)
+        Ok(self.stat(path)?.st_size as u64)
     }
 
     fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {

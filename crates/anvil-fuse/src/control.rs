@@ -5,8 +5,8 @@
 use crate::{
     CLEANUP_XATTR, COMPRESSION_XATTR, DROPCACHE_XATTR, EVICT_XATTR, HISTORY_XATTR, INFO_XATTR,
     MIRROR_ATTACH_XATTR, MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR,
-    NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, REQUESTS_XATTR, SNAPRM_XATTR,
-    SNAPSHOTS_XATTR, SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
+    NEAR_XATTR, NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, REQUESTS_XATTR,
+    SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,7 @@ pub enum Control {
     NoHistory,
     Evict,
     Compression,
+    Near,
     History,
     Requests,
     Mirror,
@@ -35,7 +36,7 @@ pub enum Control {
 }
 
 impl Control {
-    pub const ALL: [Control; 21] = [
+    pub const ALL: [Control; 22] = [
         Control::Info,
         Control::Sync,
         Control::DropCache,
@@ -50,6 +51,7 @@ impl Control {
         Control::NoHistory,
         Control::Evict,
         Control::Compression,
+        Control::Near,
         Control::History,
         Control::Requests,
         Control::Mirror,
@@ -75,6 +77,7 @@ impl Control {
             Control::NoHistory => NOHISTORY_XATTR,
             Control::Evict => EVICT_XATTR,
             Control::Compression => COMPRESSION_XATTR,
+            Control::Near => NEAR_XATTR,
             Control::History => HISTORY_XATTR,
             Control::Requests => REQUESTS_XATTR,
             Control::Mirror => MIRROR_XATTR,
@@ -98,7 +101,11 @@ impl Control {
     pub fn per_object(self) -> bool {
         matches!(
             self,
-            Control::NoHistory | Control::Evict | Control::Compression | Control::History
+            Control::NoHistory
+                | Control::Evict
+                | Control::Compression
+                | Control::Near
+                | Control::History
         )
     }
 
@@ -114,6 +121,7 @@ impl Control {
                 | Control::DropCache
                 | Control::Snapshot
                 | Control::SnapRm
+                | Control::Near
                 | Control::MirrorRead
                 | Control::MirrorWrite
                 | Control::MirrorPromote

@@ -86,6 +86,11 @@ pub const EVICT_XATTR: &str = "trusted.anvil.evict";
 /// "none", "lz4", "zstd" or "default" on any object: the codec for its new data (new
 /// children inherit it; "default" follows the volume default).
 pub const COMPRESSION_XATTR: &str = "trusted.anvil.compression";
+/// Writing an object's inode number to this attribute on a file asks that the file's data
+/// be written right after that object's, as one locality set (`Filesystem::set_locality`,
+/// Hummingbird's `collocate_files`): a proxy names the page an image belongs to. A hint,
+/// kept in memory until the commit that writes the file, never stored.
+pub const NEAR_XATTR: &str = "trusted.anvil.near";
 /// Reading this attribute on any object lists its versions (JSON, newest last).
 pub const HISTORY_XATTR: &str = "trusted.anvil.history";
 /// Reading this attribute on the root gives the requests received per opcode and the
@@ -441,6 +446,11 @@ impl AnvilFuse {
             }
             Control::NoHistory => self.fs.set_nohistory(ino, on_off(value)?),
             Control::Evict => self.fs.set_evictable(ino, on_off(value)?),
+            Control::Near => {
+                let near = text.trim().parse::<u64>().map_err(|_| libc::EINVAL)?;
+                self.fs.set_locality(ino, near);
+                Ok(())
+            }
             Control::Compression => {
                 let codec = match text.trim() {
                     "default" => None,
@@ -592,6 +602,7 @@ impl AnvilFuse {
             | Control::DropCache
             | Control::Snapshot
             | Control::SnapRm
+            | Control::Near
             | Control::MirrorRead
             | Control::MirrorWrite
             | Control::MirrorPromote

@@ -137,8 +137,10 @@ pub struct Params {
     /// tiers keep the volume's default so their figures stay comparable.
     pub cache_history: bool,
     /// wg-Hummingbird's locality hints: each non-HTML object a client fetches is created
-    /// with a hint naming the client's latest HTML page (`collocate_files`). Only
-    /// anvil-lib takes hints; other targets create the file as usual.
+    /// with a hint naming the client's latest HTML page (`collocate_files`). Only anvil
+    /// takes hints (anvil-lib through the library, a mount through the
+    /// `trusted.anvil.near` attribute, one setxattr after the create); other targets
+    /// create the file as usual.
     pub hints: bool,
     /// Hummingbird's division of labour: on anvil targets the cache directory is an anvil
     /// cache (`anvil evict`), the proxy never deletes for space, and anvil drops the least
@@ -1065,6 +1067,7 @@ fn replay(
     fs_evicts: bool,
 ) -> Replay {
     let vfs = env.vfs;
+    let hints = p.hints && env.fs_type == "anvil";
     let chunk = p.io_chunk as usize;
     let mut buf = vec![0u8; chunk];
     let mut r = Replay::default();
@@ -1138,7 +1141,7 @@ fn replay(
                         let page = client_page.get(req.client as usize).copied().flatten();
                         let t0 = Instant::now();
                         let created = match page {
-                            Some(page) if p.hints && !req.html => {
+                            Some(page) if hints && !req.html => {
                                 vfs.create_near(&path, 0o600, &squid_path(page, p.l1, p.l2))
                             }
                             _ => vfs.create(&path, 0o600),

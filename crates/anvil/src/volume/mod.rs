@@ -1847,7 +1847,7 @@ impl Volume {
             .iter()
             .map(|(_, stored)| (stored.bytes().len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
             .collect();
-        let (offsets, runs) = self.place_clustered(&sizes, &groups)?;
+        let (offsets, runs) = self.place_clustered(&sizes)?;
         if self.clusters_wanted.load(Ordering::Relaxed) {
             self.report_clusters(mutations, &data, &runs);
         }
@@ -2123,13 +2123,8 @@ impl Volume {
     /// small ones that follow each other go into one free range per cluster window, so
     /// that files written together lie together even where free space is fragmented (a
     /// next-fit allocator would otherwise scatter them over the holes after the cursor).
-    /// A locality set (`groups`, from `order_by_locality`) begins and ends a cluster.
     /// Returns the offsets and the clusters (ranges of `sizes`, two or more extents each).
-    fn place_clustered(
-        &self,
-        sizes: &[u64],
-        groups: &[u64],
-    ) -> Result<(Vec<u64>, Vec<Range<usize>>)> {
+    fn place_clustered(&self, sizes: &[u64]) -> Result<(Vec<u64>, Vec<Range<usize>>)> {
         let mut offsets = Vec::with_capacity(sizes.len());
         let mut runs = Vec::new();
         let mut start = 0;
@@ -2138,7 +2133,6 @@ impl Volume {
             let mut bytes = sizes[start];
             if sizes[start] <= CLUSTER_EXTENT_BYTES_MAX {
                 while end < sizes.len()
-                    && groups[end] == groups[start]
                     && sizes[end] <= CLUSTER_EXTENT_BYTES_MAX
                     && bytes + sizes[end] <= CLUSTER_WINDOW_BYTES
                 {
@@ -2670,10 +2664,13 @@ impl Stored {
 /// the extents written ahead of it that it linked or freed.
 type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock, Vec<ExtentRef>);
 
-/// A log entry the engine could have written: known record type, value within its limits.
-/// The locality set of each extent a commit places: the clusters `place_clustered` made of
-/// one group named by hints (`groups` nonzero) are sets, each member told where the set
-/// begins and how long it is.
+/// The locality set of each extent a commit places: inside each cluster `place_clustered`
+/// made (back to back in one free range), the two or more extents of one group named by
+/// hints (`groups` nonzero, consecutive in commit order) are a set, each member told where
+/// the set begins and how long it is. Placement itself does not cut clusters at sets:
+/// cutting them put more, smaller clusters into the holes between used blocks, and a
+/// cache directory's volume, fragmented by evictions, then had no range left for a whole
+/// chunk (a commit failed with 3 MiB free in ranges of at most 60 KiB).
 fn locality_sets(
     offsets: &[u64],
     sizes: &[u64],
@@ -2682,30 +2679,39 @@ fn locality_sets(
 ) -> Vec<LocalitySet> {
     let mut sets = vec![LocalitySet::NONE; offsets.len()];
     for run in runs {
-        if groups[run.start] == 0 {
-            continue;
-        }
-        let start = offsets[run.start];
-        let bytes: u64 = sizes[run.clone()].iter().sum();
-        let (Ok(blocks), true) = (
-            u32::try_from(bytes / BLOCK_BYTES),
-            offsets[run.end - 1] + sizes[run.end - 1] == start + bytes,
-        ) else {
-            continue;
-        };
-        for at in run.clone() {
-            let Ok(before_blocks) = u32::try_from((offsets[at] - start) / BLOCK_BYTES) else {
+        let mut first = run.start;
+        while first < run.end {
+            let group = groups[first];
+            let end = first
+                + groups[first..run.end]
+                    .iter()
+                    .take_while(|&&g| g == group)
+                    .count();
+            let members = first..end;
+            first = end;
+            if group == 0 || members.len() < 2 {
+                continue;
+            }
+            let start = offsets[members.start];
+            let bytes: u64 = sizes[members.clone()].iter().sum();
+            let Ok(blocks) = u32::try_from(bytes / BLOCK_BYTES) else {
                 continue;
             };
-            sets[at] = LocalitySet {
-                before_blocks,
-                blocks,
-            };
+            for at in members {
+                let Ok(before_blocks) = u32::try_from((offsets[at] - start) / BLOCK_BYTES) else {
+                    continue;
+                };
+                sets[at] = LocalitySet {
+                    before_blocks,
+                    blocks,
+                };
+            }
         }
     }
     sets
 }
 
+/// A log entry the engine could have written: known record type, value within its limits.
 fn log_entry_is_valid(entry: &LogEntry) -> bool {
     let len = match &entry.value {
         // Only whole chunks are written ahead of their commit.

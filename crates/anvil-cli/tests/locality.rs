@@ -1,0 +1,101 @@
+//! Locality hints through a real mount (`trusted.anvil.near`): a page's images, created
+//! interleaved with other files, name the page, and the commit writes the page and its
+//! images as one locality set; the attribute is never stored, and a bad value is refused.
+
+mod common;
+
+use anvil::format::record::rtype;
+use anvil::{Filesystem, MountOptions};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+const NEAR: &std::ffi::CStr = c"trusted.anvil.near";
+
+fn set_near(path: &Path, value: &[u8]) -> std::io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated path and name; the value outlives the call.
+    let ret = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            NEAR.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    match ret {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[test]
+fn a_page_named_through_the_mount_is_one_set() {
+    if !common::fuse_or_skip("a_page_named_through_the_mount_is_one_set") {
+        return;
+    }
+    // No timed commit in between: the page and its images go to the unmount's commit.
+    let mut mount = common::Mount::with_options("64M", Some("commit_interval_ms=600000"));
+    let root = mount.path().to_path_buf();
+    let page = root.join("page.html");
+    std::fs::write(&page, common::pattern(3000, 1)).unwrap();
+    let page_ino = std::fs::metadata(&page).unwrap().ino();
+    let mut images = Vec::new();
+    for i in 0..4u64 {
+        // Another client's file between each of this page's images.
+        std::fs::write(
+            root.join(format!("other{i}")),
+            common::pattern(5000, 50 + i),
+        )
+        .unwrap();
+        let image = root.join(format!("img{i}"));
+        std::fs::write(&image, common::pattern(5000, 10 + i)).unwrap();
+        set_near(&image, page_ino.to_string().as_bytes()).unwrap();
+        images.push(std::fs::metadata(&image).unwrap().ino());
+    }
+    // Not a number: refused. Not stored: nothing to read back.
+    let refused = set_near(&root.join("img0"), b"page.html").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EINVAL));
+    let c = CString::new(root.join("img0").as_os_str().as_bytes()).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: NUL-terminated path and name, and a buffer of the length given.
+    let got = unsafe { libc::getxattr(c.as_ptr(), NEAR.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert!(got < 0, "the hint was stored");
+    for i in 0..4u64 {
+        assert_eq!(
+            std::fs::read(root.join(format!("img{i}"))).unwrap(),
+            common::pattern(5000, 10 + i)
+        );
+    }
+    mount.unmount_keep_image();
+    let check = mount.check();
+    assert!(check.status.success(), "{check}");
+    if mount.on_a_store() {
+        return;
+    }
+    let options = MountOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let fs = Filesystem::open_path(mount.image(), options).unwrap();
+    let mut sets = HashMap::new();
+    fs.volume()
+        .scan(&mut |element| {
+            if let (rtype::DATA, Some(extent), 0) =
+                (element.key.rtype, element.extent(), element.delete_tid)
+            {
+                sets.insert(element.key.obj, extent.set_span());
+            }
+            true
+        })
+        .unwrap();
+    let set = sets[&page_ino].expect("the page is in a set");
+    for ino in &images {
+        assert_eq!(sets[ino], Some(set), "image {ino}");
+    }
+    // Page and four images of two blocks each (the page compresses to one or two).
+    assert!(set.1 >= 9 * 4096 && set.1 <= 10 * 4096, "{set:?}");
+}
