@@ -20,18 +20,18 @@
 //!
 //! Extent entries need no invalidation: the key holds the device address, the stored and
 //! logical lengths, the codec and the checksum of the stored bytes, so a block reused for
-//! other data has another key.
-//!
-//! Locality sets (Hummingbird's clusters: the files a proxy named together, read in one
-//! request) are kept as read from the device, keyed by their range, in half of the data
-//! share once the first one is read, least recently used first: a set is read for its first
-//! member and is worth its memory only until its mates have been asked for, a few hundred
-//! reads later, which CLOCK-Pro's small cold ring would not wait for (a run that kept sets
-//! there hit them 31 times in 100; see docs/design.md). Members are verified against their
-//! own checksums whenever one is taken from a set, so a set whose blocks were reused since
-//! serves nothing wrong (`Volume::read_extent`). Node entries are keyed by address alone and removed when
+//! other data has another key. Node entries are keyed by address alone and removed when
 //! the commit that frees the node is published (`Volume::retire`), while no operation can
 //! walk the old tree any more and before the block can be reused.
+//!
+//! Locality sets (Hummingbird's clusters: the files a proxy named together, read in one
+//! request) are kept as read from the device, keyed by their range, least recently used
+//! first, in half of the data share once the first one is read (then ghost hits move the
+//! line): a set is read for its first member and is worth its memory only until its mates
+//! have been asked for, a few hundred reads later, which CLOCK-Pro's small cold ring would
+//! not wait for (a run that kept sets there found them 31 times in 100; see docs/design.md).
+//! Members are verified against their own checksums whenever one is taken from a set, so a
+//! set whose blocks were reused since serves nothing wrong (`Volume::read_from_set`).
 
 use crate::format::node::Node;
 use crate::format::record::ExtentRef;

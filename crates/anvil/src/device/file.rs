@@ -340,8 +340,6 @@ impl FileDevice {
             .filter(|_| !self.direct_failed.load(Ordering::Relaxed))
     }
 
-    /// Runs a direct request; on EINVAL (the host accepted O_DIRECT at open but not for
-    /// this file) switches to the page cache for good and reports it once.
     /// A read, direct (through the read-around windows if `around`) while direct I/O works.
     fn read(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<()> {
         let direct_done = match self.direct_file() {
@@ -363,6 +361,8 @@ impl FileDevice {
         self.file.read_exact_at(buf, offset)
     }
 
+    /// Runs a direct request; on EINVAL (the host accepted O_DIRECT at open but not for
+    /// this file) switches to the page cache for good and reports it once.
     fn direct_or_fallback<T>(
         &self,
         direct: impl FnOnce(&File) -> io::Result<T>,
