@@ -628,6 +628,12 @@ impl Target {
             TRIMMER.call_once(anvil::heap::start_heap_trimmer);
             let extra = std::env::var("ANVIL_MOUNT_OPTS").unwrap_or_default();
             lib_options(&mut options, &extra)?;
+            // As `anvil mount` keeps it: the crash log on tmpfs, so that what the library
+            // acknowledges survives the process and no log page is written to the device
+            // before an fsync or a commit (the durability the FUSE target runs with).
+            if options.crash_log {
+                options.crash_log_file = anvil::crash_log_file(Path::new(dev), None);
+            }
             let fs = Filesystem::open_path(Path::new(dev), options)
                 .map_err(|e| BenchError(format!("open {dev}: {e}")))?;
             let attr = fs

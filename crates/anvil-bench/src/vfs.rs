@@ -16,7 +16,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use anvil::fs::{Caller, FileKind, RenameFlags, SetAttr};
 use anvil::Filesystem;
@@ -289,6 +290,10 @@ pub struct AnvilVfs {
     fs: Arc<Filesystem>,
     /// Inode of the workload's root directory.
     root: u64,
+    /// Directories resolved so far, by path below the root: what the kernel's dentry cache
+    /// is to a mounted file system, and what a program embedding the library keeps (the
+    /// inode numbers of the directories it works in). Emptied by every rmdir and rename.
+    dirs: Mutex<HashMap<String, u64>>,
 }
 
 fn anvil_err(err: anvil::Error) -> io::Error {
@@ -298,7 +303,11 @@ fn anvil_err(err: anvil::Error) -> io::Error {
 impl AnvilVfs {
     /// Works under directory `root` (an inode number) of `fs`.
     pub fn new(fs: Arc<Filesystem>, root: u64) -> AnvilVfs {
-        AnvilVfs { fs, root }
+        AnvilVfs {
+            fs,
+            root,
+            dirs: Mutex::default(),
+        }
     }
 
     pub fn filesystem(&self) -> &Arc<Filesystem> {
@@ -307,11 +316,19 @@ impl AnvilVfs {
 
     /// Resolves a directory path below the root.
     fn dir_ino(&self, path: &str) -> io::Result<u64> {
+        if let Some(&ino) = self.dirs().get(path) {
+            return Ok(ino);
+        }
         let mut ino = self.root;
         for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
             ino = self.fs.lookup(ino, part.as_bytes()).map_err(anvil_err)?.ino;
         }
+        self.dirs().insert(path.to_string(), ino);
         Ok(ino)
+    }
+
+    fn dirs(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.dirs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Splits a path into (parent inode, last name).
@@ -454,7 +471,10 @@ impl Vfs for AnvilVfs {
                 to_name.as_bytes(),
                 RenameFlags::default(),
             )
-            .map_err(anvil_err)
+            .map_err(anvil_err)?;
+        // A directory moved, or one replaced: paths below it name other inodes now.
+        self.dirs().clear();
+        Ok(())
     }
 
     fn unlink(&self, path: &str) -> io::Result<()> {
@@ -464,7 +484,9 @@ impl Vfs for AnvilVfs {
 
     fn rmdir(&self, path: &str) -> io::Result<()> {
         let (parent, name) = self.parent_of(path)?;
-        self.fs.rmdir(parent, name.as_bytes()).map_err(anvil_err)
+        self.fs.rmdir(parent, name.as_bytes()).map_err(anvil_err)?;
+        self.dirs().clear();
+        Ok(())
     }
 
     fn stat_size(&self, path: &str) -> io::Result<u64> {

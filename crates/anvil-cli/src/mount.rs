@@ -391,24 +391,9 @@ fn choose_transport(config: &Config) -> Result<(bool, String), String> {
     }
 }
 
-/// Where a mount of `image` keeps its crash log (see the engine's `volume/shadow.rs`): on
-/// tmpfs, named by the image's identity (device and inode, or the block device's number),
-/// so that the next mount of the same image after a crash finds it and no other does.
+/// Where a mount of `image` keeps its crash log: see `anvil::crash_log_file`.
 pub fn crash_log_file(image: &Path, dir: Option<&Path>) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let meta = std::fs::metadata(image).ok()?;
-    let name = match meta.file_type().is_block_device() {
-        true => format!("blk-{:x}.log", meta.rdev()),
-        false => format!("file-{:x}-{:x}.log", meta.dev(), meta.ino()),
-    };
-    let dir = match dir {
-        Some(dir) => dir.to_path_buf(),
-        // /dev/shm is tmpfs on every Linux with systemd or udev; per user, since one
-        // user's directory is not writable by another.
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        None => format!("/dev/shm/anvil-{}", unsafe { libc::geteuid() }).into(),
-    };
-    Some(dir.join(name))
+    anvil::crash_log_file(image, dir)
 }
 
 /// The device a daemon serves: an image (locked against a second daemon) or a volume on an

@@ -15,13 +15,59 @@ const ROOT: u64 = 1;
 struct Node {
     attr: Attr,
     data: Vec<u8>,
-    children: BTreeMap<Vec<u8>, u64>,
+    children: Children,
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 struct State {
     nodes: HashMap<u64, Node>,
     next: u64,
+}
+
+/// A directory's entries. A listing resumes at a cookie that stays valid while entries
+/// come and go (each entry's cookie is its insertion sequence), so a program that removes
+/// what it lists, as `rm -r` does, sees every entry once.
+#[derive(Default)]
+struct Children {
+    by_name: HashMap<Vec<u8>, (u64, u64)>,
+    by_seq: BTreeMap<u64, Vec<u8>>,
+    next_seq: u64,
+}
+
+impl Children {
+    fn get(&self, name: &[u8]) -> Option<&u64> {
+        self.by_name.get(name).map(|(_, ino)| ino)
+    }
+
+    fn contains_key(&self, name: &[u8]) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// Adds or replaces `name`; returns the inode it named before.
+    fn insert(&mut self, name: Vec<u8>, ino: u64) -> Option<u64> {
+        let old = self.remove(&name);
+        self.next_seq += 1;
+        self.by_seq.insert(self.next_seq, name.clone());
+        self.by_name.insert(name, (self.next_seq, ino));
+        old
+    }
+
+    fn remove(&mut self, name: &[u8]) -> Option<u64> {
+        let (seq, ino) = self.by_name.remove(name)?;
+        self.by_seq.remove(&seq);
+        Some(ino)
+    }
+
+    /// The entries after `cookie` (0: from the start), each with its own cookie.
+    fn after(&self, cookie: u64) -> impl Iterator<Item = (u64, &Vec<u8>, u64)> {
+        self.by_seq
+            .range(cookie.saturating_add(1)..)
+            .map(|(&seq, name)| (seq, name, self.by_name[name].1))
+    }
 }
 
 pub struct MemFs {
@@ -72,7 +118,7 @@ impl MemFs {
         let root = Node {
             attr: new_attr(ROOT, Caller { uid: 0, gid: 0 }, libc::S_IFDIR | 0o755, 0),
             data: Vec::new(),
-            children: BTreeMap::new(),
+            children: Children::default(),
             xattrs: BTreeMap::new(),
         };
         MemFs {
@@ -108,7 +154,7 @@ impl MemFs {
         let node = Node {
             attr: attr.clone(),
             data: Vec::new(),
-            children: BTreeMap::new(),
+            children: Children::default(),
             xattrs: BTreeMap::new(),
         };
         st.nodes.insert(ino, node);
@@ -325,17 +371,15 @@ impl Backend for MemFs {
         let dir = st.nodes.get(&ino).ok_or(libc::ENOENT)?;
         Ok(dir
             .children
-            .iter()
-            .enumerate()
-            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .after(offset)
             .take(256)
-            .filter_map(|(i, (name, child))| {
-                let kind = st.nodes.get(child)?.attr.kind;
+            .filter_map(|(cookie, name, child)| {
+                let kind = st.nodes.get(&child)?.attr.kind;
                 Some(DirEntry {
                     name: name.clone(),
-                    ino: *child,
+                    ino: child,
                     kind,
-                    cookie: i as u64 + 1,
+                    cookie,
                 })
             })
             .collect())
@@ -415,4 +459,49 @@ impl Backend for MemFs {
     }
 
     fn destroy(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+
+    #[test]
+    fn a_listing_that_removes_what_it_lists_sees_every_entry() {
+        let fs = MemFs::new(Duration::ZERO, false);
+        let caller = Caller { uid: 0, gid: 0 };
+        for i in 0..1000 {
+            let name = format!("f{i:04}");
+            fs.mknod(caller, ROOT, name.as_bytes(), libc::S_IFREG | 0o644, 0)
+                .unwrap();
+        }
+        // As `rm -r` does: list a batch, remove it, go on from the last cookie.
+        let (mut cookie, mut seen) = (0, 0);
+        loop {
+            let batch = fs.readdir(ROOT, cookie).unwrap();
+            let Some(last) = batch.last() else { break };
+            cookie = last.cookie;
+            for entry in &batch {
+                fs.unlink(ROOT, &entry.name).unwrap();
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 1000);
+        assert!(fs.readdir(ROOT, 0).unwrap().is_empty());
+        // A name removed and made again is listed once, after the others.
+        fs.mknod(caller, ROOT, b"a", libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        fs.mknod(caller, ROOT, b"b", libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        fs.unlink(ROOT, b"a").unwrap();
+        fs.mknod(caller, ROOT, b"a", libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        let names: Vec<_> = fs
+            .readdir(ROOT, 0)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, [b"b".to_vec(), b"a".to_vec()]);
+    }
 }

@@ -52,4 +52,6 @@ pub mod internals {
 }
 
 pub use error::{Error, Result};
-pub use fs::{Attr, DirEntry, FileKind, Filesystem, MountOptions, SetAttr, VolumeInfo};
+pub use fs::{
+    crash_log_file, Attr, DirEntry, FileKind, Filesystem, MountOptions, SetAttr, VolumeInfo,
+};

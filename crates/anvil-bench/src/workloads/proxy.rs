@@ -1035,15 +1035,23 @@ impl Content {
     }
 }
 
+/// Whether a target takes anvil's directory attributes and hints: anvil's own targets, and
+/// a `--dir` on a mount served by anvil's daemon (`anvil mount`, or `anvil memfs`, which
+/// keeps them as plain attributes, so that the transport's ceiling is measured with the
+/// same requests).
+fn is_anvil(fs_type: &str) -> bool {
+    matches!(fs_type, "anvil" | "fuse.anvil")
+}
+
 fn make_tree(vfs: &dyn Vfs, p: &Params, fs_type: &str) -> Result<()> {
     vfs.mkdir(CACHE_DIR, 0o755)
         .ctx(|| format!("mkdir {CACHE_DIR}"))?;
-    if !p.cache_history && fs_type == "anvil" {
+    if !p.cache_history && is_anvil(fs_type) {
         vfs.set_anvil_nohistory(CACHE_DIR)
             .ctx(|| format!("anvil nohistory {CACHE_DIR}"))?;
     }
     // Before the subdirectories, which inherit it.
-    if p.fs_evicts && fs_type == "anvil" {
+    if p.fs_evicts && is_anvil(fs_type) {
         vfs.set_anvil_evictable(CACHE_DIR)
             .ctx(|| format!("anvil evict {CACHE_DIR}"))?;
     }
@@ -1067,7 +1075,7 @@ fn replay(
     fs_evicts: bool,
 ) -> Replay {
     let vfs = env.vfs;
-    let hints = p.hints && env.fs_type == "anvil";
+    let hints = p.hints && is_anvil(&env.fs_type);
     let chunk = p.io_chunk as usize;
     let mut buf = vec![0u8; chunk];
     let mut r = Replay::default();
@@ -1241,7 +1249,7 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
     let (trace, parse) = load_trace(p, seed)?;
     let summary = trace.summary(p.max_cached_object);
     let content = Content::new(seed);
-    let fs_evicts = p.fs_evicts && env.fs_type == "anvil";
+    let fs_evicts = p.fs_evicts && is_anvil(&env.fs_type);
     let mut store = Store::new(p, trace.objects, fs_evicts);
 
     env.progress.set_message("making the cache tree");

@@ -179,6 +179,31 @@ impl Default for MountOptions {
     }
 }
 
+/// Where an image's crash log goes (`MountOptions::crash_log_file`) when it is opened as
+/// `anvil mount` opens it: on tmpfs (`/dev/shm/anvil-<uid>`, or `dir`), named by the image's
+/// identity (device and inode, or the block device's number), so that the next open of the
+/// same image after a crash finds it and no other does. None when `image` cannot be
+/// examined.
+pub fn crash_log_file(
+    image: &std::path::Path,
+    dir: Option<&std::path::Path>,
+) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(image).ok()?;
+    let name = match meta.file_type().is_block_device() {
+        true => format!("blk-{:x}.log", meta.rdev()),
+        false => format!("file-{:x}-{:x}.log", meta.dev(), meta.ino()),
+    };
+    let dir = match dir {
+        Some(dir) => dir.to_path_buf(),
+        // /dev/shm is tmpfs on every Linux with systemd or udev; per user, since one
+        // user's directory is not writable by another.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        None => format!("/dev/shm/anvil-{}", unsafe { libc::geteuid() }).into(),
+    };
+    Some(dir.join(name))
+}
+
 /// Summary of a volume for `anvil info`.
 #[derive(Clone, Debug)]
 pub struct VolumeInfo {
