@@ -11,12 +11,12 @@
 //! full path and no allocation beyond its C string, so that a workload
 //! written against it issues the same system calls as a hand-written C loop.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use anvil::fs::{Caller, FileKind, RenameFlags, SetAttr};

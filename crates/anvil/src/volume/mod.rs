@@ -153,6 +153,48 @@ pub(crate) struct State {
     pub root: Arc<RootRef>,
     pub next_obj: u64,
     pub superblock: Superblock,
+    /// What `Tx::tree_live` found under `root` (see `LiveMemo`).
+    pub live_memo: std::cell::RefCell<LiveMemo>,
+}
+
+/// The committed tree's live versions looked up under one root, kept until the root changes:
+/// one request reads the same records several times (a file's inode at lookup, open, each
+/// read and release), and each read is a walk from the root. A root's tree never changes
+/// (commits write new nodes and a new root), so an answer stays right for as long as the
+/// root it was found under is the state's. The memo holds that root weakly: it keeps the
+/// allocation's address from being reused, not the root's blocks.
+#[derive(Default)]
+pub(crate) struct LiveMemo {
+    root: std::sync::Weak<RootRef>,
+    found: HashMap<LogicalKey, Option<(u64, overlay::Value)>>,
+}
+
+impl LiveMemo {
+    /// At most this many answers (a few hundred KiB): the memo serves repeats within a
+    /// moment, not a working set, and is emptied when full.
+    const ENTRIES_MAX: usize = 4096;
+
+    /// The answer for `lk` under `root`, if this memo has one.
+    pub fn get(
+        &mut self,
+        root: &Arc<RootRef>,
+        lk: &LogicalKey,
+    ) -> Option<Option<(u64, overlay::Value)>> {
+        if !std::ptr::eq(self.root.as_ptr(), Arc::as_ptr(root)) {
+            self.found.clear();
+            self.root = Arc::downgrade(root);
+            return None;
+        }
+        self.found.get(lk).cloned()
+    }
+
+    /// Keeps the answer for `lk` under the root of the last `get`.
+    pub fn put(&mut self, lk: LogicalKey, answer: Option<(u64, overlay::Value)>) {
+        if self.found.len() >= Self::ENTRIES_MAX {
+            self.found.clear();
+        }
+        self.found.insert(lk, answer);
+    }
 }
 
 /// The redo log region as a ring (`format::log`): where the next batch goes, and which
@@ -612,6 +654,7 @@ impl Volume {
                 root: root_ref,
                 next_obj: sb.next_obj,
                 superblock: sb,
+                live_memo: Default::default(),
             }),
             commit_lock: Mutex::new(()),
             log: Mutex::new(ring),
@@ -2863,4 +2906,56 @@ fn walk_space(loader: &Loader<'_>, space: &Space, root: Root) -> Result<u64> {
     // Walked nodes need not stay cached.
     loader.cache.clear();
     Ok(live_objects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(space: &Arc<Space>, node: u64, tid: u64) -> Arc<RootRef> {
+        Arc::new(RootRef {
+            root: crate::btree::Root {
+                address: node,
+                level: 0,
+            },
+            tid,
+            release: Mutex::new(Vec::new()),
+            space: space.clone(),
+        })
+    }
+
+    #[test]
+    fn the_live_memo_answers_only_under_the_root_it_was_filled_under() {
+        let space = Arc::new(Space::new(1 << 20, 16 << 20));
+        let lk = LogicalKey {
+            obj: 7,
+            rtype: 1,
+            key: 0,
+        };
+        let answer = Some((3, overlay::Value::Bytes(Arc::new(vec![1, 2, 3]))));
+        let mut memo = LiveMemo::default();
+        let first = root(&space, 4096, 3);
+        assert_eq!(memo.get(&first, &lk), None);
+        memo.put(lk, answer.clone());
+        assert_eq!(memo.get(&first, &lk), Some(answer.clone()));
+        // "Not there" is an answer too.
+        let other = LogicalKey { obj: 8, ..lk };
+        memo.put(other, None);
+        assert_eq!(memo.get(&first, &other), Some(None));
+        // A new root (a commit) empties it, also when it names the same node and TID.
+        let second = root(&space, 4096, 3);
+        assert_eq!(memo.get(&second, &lk), None);
+        assert_eq!(memo.get(&first, &lk), None);
+        // A root dropped and another made: the memo's weak hold keeps the dropped root's
+        // address from being given to the new one.
+        memo.put(lk, answer.clone());
+        drop(second);
+        let third = root(&space, 8192, 4);
+        assert_eq!(memo.get(&third, &lk), None);
+        // Full: emptied, then filled again.
+        for obj in 0..LiveMemo::ENTRIES_MAX as u64 + 1 {
+            memo.put(LogicalKey { obj, ..lk }, None);
+        }
+        assert!(memo.found.len() <= LiveMemo::ENTRIES_MAX);
+    }
 }

@@ -87,6 +87,9 @@ impl<'a> Tx<'a> {
 
     /// The live committed version of `lk`: (create_tid, value). Looked for newest first.
     fn tree_live(&self, lk: LogicalKey) -> Step<Option<(u64, Value)>> {
+        if let Some(found) = self.state.live_memo.borrow_mut().get(&self.state.root, &lk) {
+            return Ok(found);
+        }
         let mut found = None;
         btree::range_rev(
             &self.source(),
@@ -101,6 +104,7 @@ impl<'a> Tx<'a> {
                 true
             },
         )?;
+        self.state.live_memo.borrow_mut().put(lk, found.clone());
         Ok(found)
     }
 
