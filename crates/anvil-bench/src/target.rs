@@ -744,7 +744,7 @@ impl Target {
             let rate = |hits: u64, misses: u64| hits as f64 / (hits + misses).max(1) as f64;
             eprintln!(
                 "anvil-lib cache: {} of {} MiB ({} MiB for nodes); nodes {:.3} hits ({} misses), \
-                 extents {:.3} hits ({} misses), locality sets {:.3} hits ({} misses)",
+                 extents {:.3} hits ({} misses), locality sets {:.3} hits ({} misses; {} of {} MiB)",
                 c.bytes >> 20,
                 c.budget_bytes >> 20,
                 c.node_budget_bytes >> 20,
@@ -754,6 +754,8 @@ impl Target {
                 c.extent_misses,
                 rate(c.set_hits, c.set_misses),
                 c.set_misses,
+                c.set_bytes >> 20,
+                c.set_budget_bytes >> 20,
             );
             note(
                 fs.close()

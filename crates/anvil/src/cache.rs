@@ -190,6 +190,9 @@ pub struct CacheStats {
     pub set_misses: u64,
     /// The budget nodes have now (it moves when the split is adaptive).
     pub node_budget_bytes: u64,
+    /// Bytes of locality sets kept, and the part of the data share they may hold now.
+    pub set_bytes: u64,
+    pub set_budget_bytes: u64,
 }
 
 pub struct BlockCache {
@@ -467,6 +470,10 @@ impl BlockCache {
     }
 
     pub fn stats(&self) -> CacheStats {
+        let (set_bytes, set_budget_bytes) = {
+            let sets = self.sets.lock();
+            (sets.bytes, sets.budget)
+        };
         CacheStats {
             bytes: self.memory_bytes(),
             budget_bytes: self.budget_bytes,
@@ -477,6 +484,8 @@ impl BlockCache {
             set_hits: self.set_hits.load(Ordering::Relaxed),
             set_misses: self.set_misses.load(Ordering::Relaxed),
             node_budget_bytes: self.nodes.capacity(),
+            set_bytes,
+            set_budget_bytes,
         }
     }
 }

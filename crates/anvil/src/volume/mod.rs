@@ -172,7 +172,7 @@ pub(crate) struct LiveMemo {
 impl LiveMemo {
     /// At most this many answers (a few hundred KiB): the memo serves repeats within a
     /// moment, not a working set, and is emptied when full.
-    const ENTRIES_MAX: usize = 4096;
+    const ENTRIES_MAX: usize = 1024;
 
     /// The answer for `lk` under `root`, if this memo has one.
     pub fn get(
