@@ -515,3 +515,39 @@ impl Vfs for AnvilVfs {
         Ok(names)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anvil::device::{Device, MemDevice};
+    use anvil::MountOptions;
+
+    #[test]
+    fn resolved_directories_follow_rmdir_and_rename() {
+        let bytes = 64 << 20;
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(bytes));
+        Filesystem::mkfs(dev.clone(), bytes, "vfs").unwrap();
+        let options = MountOptions {
+            commit_interval_ms: 0,
+            ..Default::default()
+        };
+        let fs = Arc::new(Filesystem::open(dev, options).unwrap());
+        let vfs = AnvilVfs::new(fs, 1);
+        vfs.mkdir("a", 0o755).unwrap();
+        vfs.mkdir("a/b", 0o755).unwrap();
+        vfs.create("a/b/f", 0o644).unwrap().write(b"one").unwrap();
+        assert_eq!(vfs.stat_size("a/b/f").unwrap(), 3);
+        // A directory removed and made again under the same path is another inode.
+        vfs.unlink("a/b/f").unwrap();
+        vfs.rmdir("a/b").unwrap();
+        vfs.mkdir("a/b", 0o755).unwrap();
+        vfs.create("a/b/g", 0o644).unwrap().write(b"two!").unwrap();
+        assert_eq!(vfs.stat_size("a/b/g").unwrap(), 4);
+        // A directory moved: its old path names nothing, its new one what it holds.
+        vfs.rename("a", "c").unwrap();
+        assert!(vfs.stat_size("a/b/g").is_err());
+        assert_eq!(vfs.stat_size("c/b/g").unwrap(), 4);
+        vfs.mkdir("a", 0o755).unwrap();
+        assert_eq!(vfs.read_dir("a").unwrap(), Vec::<String>::new());
+    }
+}
