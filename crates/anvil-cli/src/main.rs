@@ -608,7 +608,7 @@ fn open_for_inspection(image: &Path) -> Result<Filesystem, String> {
     let options = MountOptions {
         read_only: true,
         commit_interval_ms: 0,
-        crash_log_file: mount::crash_log_file(image, None),
+        crash_log_file: anvil::crash_log_file(image, None),
         ..Default::default()
     };
     Filesystem::open(Arc::new(device), options).map_err(|e| describe(image, &e))

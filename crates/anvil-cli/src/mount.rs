@@ -391,11 +391,6 @@ fn choose_transport(config: &Config) -> Result<(bool, String), String> {
     }
 }
 
-/// Where a mount of `image` keeps its crash log: see `anvil::crash_log_file`.
-pub fn crash_log_file(image: &Path, dir: Option<&Path>) -> Option<std::path::PathBuf> {
-    anvil::crash_log_file(image, dir)
-}
-
 /// The device a daemon serves: an image (locked against a second daemon) or a volume on an
 /// object store (claimed against a second writer anywhere); with its I/O mode (images) or
 /// itself (object stores, released at unmount). Sets the crash log's place.
@@ -445,7 +440,7 @@ fn open_device(
         std::thread::sleep(Duration::from_millis(20));
     }
     if config.mount.crash_log {
-        config.mount.crash_log_file = crash_log_file(image, config.crash_log_dir.as_deref());
+        config.mount.crash_log_file = anvil::crash_log_file(image, config.crash_log_dir.as_deref());
     }
     Ok((Arc::new(device), Some(io_mode), None))
 }
