@@ -190,3 +190,38 @@ fn read_only_mount_refuses_changes_as_read_only() {
     assert!(matches!(result, Err(anvil::Error::ReadOnly)), "{result:?}");
     assert_eq!(result.unwrap_err().errno(), libc::EROFS);
 }
+
+/// A file's inode read again and again between commits comes from what the first walk of
+/// the tree found (no node is looked up again); a commit, or dropping the caches, sends the
+/// next read back to the tree, which then sees what the commit changed.
+#[test]
+fn repeated_reads_of_a_record_walk_the_tree_once_per_root() {
+    let device = fresh(64 << 20);
+    let fs = Filesystem::open(device, options()).unwrap();
+    fs.write_file("/f", b"one").unwrap();
+    fs.sync().unwrap();
+    let ino = fs.lookup(1, b"f").unwrap().ino;
+    let node_lookups = |fs: &Filesystem| {
+        let stats = fs.volume().cache_stats();
+        stats.node_hits + stats.node_misses
+    };
+    fs.getattr(ino).unwrap();
+    let before = node_lookups(&fs);
+    for _ in 0..10 {
+        assert_eq!(fs.getattr(ino).unwrap().size, 3);
+    }
+    assert_eq!(node_lookups(&fs), before, "the memo answers repeats");
+    fs.volume().drop_caches();
+    let cold = fs.volume().cache_stats().node_misses;
+    fs.getattr(ino).unwrap();
+    assert!(
+        fs.volume().cache_stats().node_misses > cold,
+        "dropped with the caches"
+    );
+    // A commit that changes the file: the next read sees the new size.
+    fs.write_file("/f", b"three").unwrap();
+    fs.sync().unwrap();
+    let before = node_lookups(&fs);
+    assert_eq!(fs.getattr(ino).unwrap().size, 5);
+    assert!(node_lookups(&fs) > before, "a new root is walked again");
+}

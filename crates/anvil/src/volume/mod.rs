@@ -2654,6 +2654,8 @@ impl Volume {
     /// Drops cached nodes and extents (for benchmarks that want cold caches).
     pub fn drop_caches(&self) {
         self.cache.clear();
+        // What walks of the tree found goes too: the next read walks from the root.
+        *self.state.lock().live_memo.get_mut() = LiveMemo::default();
     }
 
     /// Visits every element of the committed tree (for `check` and tools).
