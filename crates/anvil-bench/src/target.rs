@@ -743,10 +743,11 @@ impl Target {
             let c = fs.volume().cache_stats();
             let rate = |hits: u64, misses: u64| hits as f64 / (hits + misses).max(1) as f64;
             eprintln!(
-                "anvil-lib cache: {} of {} MiB ({} MiB for nodes); nodes {:.3} hits ({} misses), \
+                "anvil-lib cache: {} of {} MiB ({} of {} MiB for nodes); nodes {:.3} hits ({} misses), \
                  extents {:.3} hits ({} misses), locality sets {:.3} hits ({} misses; {} of {} MiB)",
                 c.bytes >> 20,
                 c.budget_bytes >> 20,
+                c.node_bytes >> 20,
                 c.node_budget_bytes >> 20,
                 rate(c.node_hits, c.node_misses),
                 c.node_misses,

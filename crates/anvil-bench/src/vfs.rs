@@ -76,6 +76,10 @@ pub trait Vfs: Send + Sync {
     /// `collocate_files`): for anvil targets only (the library's `set_locality`, or a
     /// mount's `trusted.anvil.near` attribute, which elsewhere would be stored as junk).
     fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>>;
+    /// Names `near` as the file existing file `path` belongs with (Hummingbird's
+    /// `collocate_files` on a hit): anvil moves it into `near`'s set at its next commit
+    /// when that saves reads. For anvil targets only, as `create_near`.
+    fn collocate(&self, path: &str, near: &str) -> io::Result<()>;
     /// Turns history off below directory `path` on an anvil volume (`anvil nohistory`).
     /// Only for anvil targets: elsewhere the attribute would be stored as junk.
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()>;
@@ -239,6 +243,22 @@ impl Vfs for PosixVfs {
             })?;
         }
         Ok(Box::new(PosixFile(file)))
+    }
+
+    fn collocate(&self, path: &str, near: &str) -> io::Result<()> {
+        let c = self.c_path(path)?;
+        let value = self.ino(near)?.to_string();
+        // SAFETY: NUL-terminated path and name; the value outlives the call.
+        check(unsafe {
+            libc::setxattr(
+                c.as_ptr(),
+                c"trusted.anvil.near".as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        })
+        .map(|_| ())
     }
 
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
@@ -448,6 +468,11 @@ impl Vfs for AnvilVfs {
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
         let ino = self.ino_of(path)?;
         self.handle(ino)
+    }
+
+    fn collocate(&self, path: &str, near: &str) -> io::Result<()> {
+        self.fs.set_locality(self.ino_of(path)?, self.ino_of(near)?);
+        Ok(())
     }
 
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {

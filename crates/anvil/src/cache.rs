@@ -188,7 +188,9 @@ pub struct CacheStats {
     /// Reads of an extent in a locality set that found the set cached, and that did not.
     pub set_hits: u64,
     pub set_misses: u64,
-    /// The budget nodes have now (it moves when the split is adaptive).
+    /// The bytes of nodes held, and the budget they have now (it moves when the split is
+    /// adaptive).
+    pub node_bytes: u64,
     pub node_budget_bytes: u64,
     /// Bytes of locality sets kept, and the part of the data share they may hold now.
     pub set_bytes: u64,
@@ -404,6 +406,11 @@ impl BlockCache {
         found
     }
 
+    /// The decoded bytes of `extent` if cached, neither counted nor marked as used.
+    pub fn peek_extent(&self, extent: &ExtentRef) -> Option<Arc<Vec<u8>>> {
+        self.extents.peek(extent)
+    }
+
     /// Caches the decoded (verified) bytes of `extent`.
     pub fn insert_extent(&self, extent: ExtentRef, bytes: Arc<Vec<u8>>) {
         debug_assert_eq!(bytes.len(), extent.logical_bytes as usize);
@@ -426,6 +433,11 @@ impl BlockCache {
             self.move_sets(bytes as i64);
         }
         found
+    }
+
+    /// The stored bytes of a locality set if cached, neither counted nor marked as used.
+    pub fn peek_set(&self, offset: u64, bytes: u64) -> Option<Arc<Vec<u8>>> {
+        self.sets.lock().lru.peek(&(offset, bytes)).cloned()
     }
 
     /// Caches a locality set's bytes as read from the device (unverified: each member is
@@ -483,6 +495,7 @@ impl BlockCache {
             extent_misses: self.extent_misses.load(Ordering::Relaxed),
             set_hits: self.set_hits.load(Ordering::Relaxed),
             set_misses: self.set_misses.load(Ordering::Relaxed),
+            node_bytes: self.nodes.weight(),
             node_budget_bytes: self.nodes.capacity(),
             set_bytes,
             set_budget_bytes,

@@ -226,8 +226,13 @@ fn model_run(nohistory: bool, seed: u64) {
                     live.remove(&name);
                 }
                 _ => {
-                    if let Some((_, bytes)) = live.get(&name) {
+                    if let Some((ino, bytes)) = live.get(&name) {
                         assert_eq!(&fs.read_file(&path).unwrap(), bytes, "round {round}");
+                        // A hint on a hit, as a proxy gives: the next commit may move the
+                        // file (and its group's first file) into one set.
+                        if let Some((near, _)) = live.values().nth(rng.gen_range(0..live.len())) {
+                            fs.set_locality(*ino, *near);
+                        }
                     }
                 }
             }
@@ -267,4 +272,132 @@ fn clusters_reuse_freed_space_cleanly() {
     for seed in [21, 22, 23] {
         model_run(true, seed);
     }
+}
+
+/// The set of each file's data extent (None: in no set), by inode.
+fn sets(fs: &Filesystem) -> HashMap<u64, Option<(u64, u64)>> {
+    let mut out = HashMap::new();
+    fs.volume()
+        .scan(&mut |element| {
+            if let (rtype::DATA, 0, Some(extent)) =
+                (element.key.rtype, element.delete_tid, element.extent())
+            {
+                out.insert(element.key.obj, extent.set_span());
+            }
+            true
+        })
+        .unwrap();
+    out
+}
+
+/// Hummingbird packed late: the files a proxy reads for one page, written by three commits
+/// into three sets, are moved into one set by the commit after the reads that name them
+/// together, and read back in one request, at every TID as before.
+#[test]
+fn a_page_read_apart_is_packed_into_one_set() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options(false)).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(9);
+    let mut files: Vec<(String, u64, Vec<u8>)> = Vec::new();
+    let mut tids = Vec::new();
+    for commit in 0..3 {
+        for i in 0..3 {
+            let path = format!("/c{commit}-{i}");
+            let bytes = random_bytes(&mut rng, 5000);
+            let ino = fs.write_file(&path, &bytes).unwrap();
+            if let Some((_, page, _)) = files.first() {
+                fs.set_locality(ino, *page);
+            }
+            files.push((path, ino, bytes));
+        }
+        tids.push(fs.sync().unwrap());
+    }
+    let inos: Vec<u64> = files.iter().map(|(_, ino, _)| *ino).collect();
+    let distinct = |sets: &HashMap<u64, Option<(u64, u64)>>| {
+        let mut spans: Vec<Option<(u64, u64)>> = inos.iter().map(|ino| sets[ino]).collect();
+        spans.sort_unstable();
+        spans.dedup();
+        spans
+    };
+    let before = sets(&fs);
+    assert_eq!(distinct(&before).len(), 3, "{before:?}");
+
+    // Hints without the bytes in memory move nothing: the commit never reads to move.
+    fs.volume().drop_caches();
+    for ino in &inos[1..] {
+        fs.set_locality(*ino, inos[0]);
+    }
+    fs.write_file("/other", b"w").unwrap();
+    fs.sync().unwrap();
+    assert_eq!(sets(&fs), before);
+
+    // A visit of the page reads three sets and names every file with the page.
+    fs.volume().drop_caches();
+    let stats = fs.volume().cache_stats();
+    for (path, ino, bytes) in &files {
+        assert_eq!(&fs.read_file(path).unwrap(), bytes);
+        fs.set_locality(*ino, inos[0]);
+    }
+    assert_eq!(fs.volume().cache_stats().set_misses - stats.set_misses, 3);
+    // Hints alone are no change to commit: they ride on the next commit of anything.
+    fs.write_file("/other", b"x").unwrap();
+    fs.sync().unwrap();
+    let after = sets(&fs);
+    let spans = distinct(&after);
+    assert_eq!(spans.len(), 1, "{after:?}");
+    assert!(spans[0].is_some());
+
+    // The next visit reads one set, and every version reads back as it was.
+    fs.volume().drop_caches();
+    let stats = fs.volume().cache_stats();
+    for (path, _, bytes) in &files {
+        assert_eq!(&fs.read_file(path).unwrap(), bytes);
+    }
+    assert_eq!(fs.volume().cache_stats().set_misses - stats.set_misses, 1);
+    for (commit, tid) in tids.iter().enumerate() {
+        let view = fs.at(*tid).unwrap();
+        for (path, _, bytes) in &files[..3 * (commit + 1)] {
+            assert_eq!(&view.read_file(path).unwrap(), bytes, "{path} at {tid}");
+        }
+    }
+    // Visited again, the page is in one set already: nothing moves.
+    for (path, ino, _) in &files {
+        fs.read_file(path).unwrap();
+        fs.set_locality(*ino, inos[0]);
+    }
+    fs.write_file("/other", b"y").unwrap();
+    fs.sync().unwrap();
+    assert_eq!(sets(&fs), after);
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+/// A file the commit changes is placed by its own change, not moved: a hint on a file
+/// rewritten since its read leaves the new version where the commit writes it, whole.
+#[test]
+fn a_file_changed_in_the_commit_is_not_moved() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options(true)).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(4);
+    let page = fs
+        .write_file("/page", &random_bytes(&mut rng, 5000))
+        .unwrap();
+    fs.sync().unwrap();
+    let image = fs
+        .write_file("/image", &random_bytes(&mut rng, 5000))
+        .unwrap();
+    fs.sync().unwrap();
+    fs.read_file("/page").unwrap();
+    fs.read_file("/image").unwrap();
+    fs.set_locality(image, page);
+    let new = random_bytes(&mut rng, 7000);
+    fs.write_file("/image", &new).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.read_file("/image").unwrap(), new);
+    fs.volume().drop_caches();
+    assert_eq!(fs.read_file("/image").unwrap(), new);
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
 }

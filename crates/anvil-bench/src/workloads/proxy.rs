@@ -142,6 +142,13 @@ pub struct Params {
     /// `trusted.anvil.near` attribute, one setxattr after the create); other targets
     /// create the file as usual.
     pub hints: bool,
+    /// With `hints`, also name the page of every image served from disk, as wg-Hummingbird
+    /// called `collocate_files` on hits too: anvil then moves a page's files read apart
+    /// into one set at its next commit (design.md, "Packing late"). Off by default: on
+    /// `config=8g-256m` it cut reads by 9% but wrote half as many bytes again, and the
+    /// run was slower (docs/benchmarks.md, fourteenth session).
+    #[serde(default)]
+    pub collocate_hits: bool,
     /// Hummingbird's division of labour: on anvil targets the cache directory is an anvil
     /// cache (`anvil evict`), the proxy never deletes for space, and anvil drops the least
     /// recently used clusters when the volume runs low (a file gone is a miss, fetched
@@ -249,6 +256,7 @@ impl Params {
             scale: 1.0,
             cache_history: true,
             hints: true,
+            collocate_hits: false,
             fs_evicts: false,
         }
     }
@@ -878,6 +886,13 @@ impl Store {
         }
     }
 
+    /// The file of an object in the disk cache.
+    fn file_of(&self, object: u32) -> Option<u32> {
+        self.disk
+            .contains(object)
+            .then(|| self.filn[object as usize])
+    }
+
     /// Drops an object from the store (its file is the caller's business).
     fn forget(&mut self, object: u32) {
         self.disk.remove(object);
@@ -1076,6 +1091,7 @@ fn replay(
 ) -> Replay {
     let vfs = env.vfs;
     let hints = p.hints && is_anvil(&env.fs_type);
+    let collocate = hints && p.collocate_hits;
     let chunk = p.io_chunk as usize;
     let mut buf = vec![0u8; chunk];
     let mut r = Replay::default();
@@ -1090,10 +1106,12 @@ fn replay(
     for req in &trace.requests {
         r.requests += 1;
         let mut lookup = store.lookup(req.object, req.size);
+        // The client's latest page, wherever it is served from (a page in the memory cache
+        // is on disk too); none until a page missed is written.
+        if req.html {
+            remember_page(&mut client_page, req.client, store.file_of(req.object));
+        }
         if let Lookup::Disk { filn } = lookup {
-            if req.html {
-                remember_page(&mut client_page, req.client, filn);
-            }
             let path = squid_path(filn, p.l1, p.l2);
             let t0 = Instant::now();
             let got = (|| -> std::io::Result<u64> {
@@ -1114,6 +1132,13 @@ fn replay(
                     r.read_bytes += len;
                     r.disk_hits += 1;
                     store.remember(req.object, req.size);
+                    // wg-Hummingbird collocates every image with its client's page, hit or
+                    // miss: anvil packs a page's files read apart into one set.
+                    let page = client_page.get(req.client as usize).copied().flatten();
+                    if let (true, false, Some(page)) = (collocate, req.html, page) {
+                        // A hint about a page that is gone (evicted) is no hint.
+                        let _ = vfs.collocate(&path, &squid_path(page, p.l1, p.l2));
+                    }
                 }
                 Ok(len) => {
                     r.error(format!("read {path}: {len} bytes, expected {}", req.size));
@@ -1155,7 +1180,7 @@ fn replay(
                             _ => vfs.create(&path, 0o600),
                         };
                         if req.html {
-                            remember_page(&mut client_page, req.client, adm.filn);
+                            remember_page(&mut client_page, req.client, Some(adm.filn));
                         }
                         let res = created.and_then(|mut f| {
                             content.write_file(f.as_mut(), adm.filn, req.size as usize, chunk)
@@ -1200,13 +1225,14 @@ fn replay(
     r
 }
 
-/// Records `filn` as the client's latest HTML page (wg-Hummingbird's hash by client).
-fn remember_page(pages: &mut Vec<Option<u32>>, client: u32, filn: u32) {
+/// Records `filn` as the client's latest HTML page (wg-Hummingbird's hash by client); None
+/// for a page not in the cache.
+fn remember_page(pages: &mut Vec<Option<u32>>, client: u32, filn: Option<u32>) {
     let client = client as usize;
     if pages.len() <= client {
         pages.resize(client + 1, None);
     }
-    pages[client] = Some(filn);
+    pages[client] = filn;
 }
 
 fn unlink(vfs: &dyn Vfs, r: &mut Replay, filn: u32, p: &Params) {
@@ -1600,7 +1626,8 @@ mod tests {
 
     #[test]
     fn runs_on_an_anvil_volume_in_process() {
-        let (out, fs, root) = run_in_process(64 * MIB, &[]);
+        // With hints on hits too: files move between sets under the replay.
+        let (out, fs, root) = run_in_process(64 * MIB, &ov(&[("collocate_hits", "true")]));
         let vfs = crate::vfs::AnvilVfs::new(fs, root);
         let p = tiny();
         assert_eq!(out.errors, 0, "{}", out.text);

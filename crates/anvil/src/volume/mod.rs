@@ -385,6 +385,8 @@ pub struct Volume {
 /// Locality hints kept at most; past this, older ones are dropped (a hint only steers
 /// placement, so losing one costs locality, never data).
 const LOCALITY_HINTS_MAX: usize = 1 << 16;
+/// Most bytes of data one commit moves to join their locality groups (`regroup`).
+const REGROUP_BYTES_MAX: u64 = 8 << 20;
 
 /// Clusters kept for `take_clusters` at most; past this, the oldest are dropped (they
 /// only group files for eviction).
@@ -1723,6 +1725,9 @@ impl Volume {
                 payload: Payload::Inline(commit_time.to_le_bytes().to_vec()),
             }));
         }
+        if !slave {
+            self.regroup(old_root, frozen, &mut mutations, &mut data);
+        }
         self.write_extents(&mut mutations, data)?;
         mutations.sort_by_key(Mutation::key);
 
@@ -1898,12 +1903,15 @@ impl Volume {
         for (((index, stored), offset), set) in data.iter().zip(offsets).zip(sets) {
             let bytes = stored.bytes();
             let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
-            let counted = stored.logical_bytes() as u64 + 64;
-            let _ =
-                self.frozen_unallocated
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                        Some(v.saturating_sub(counted))
-                    });
+            // A moved extent was never counted as pending.
+            if !matches!(mutations[*index], Mutation::Relocate(..)) {
+                let counted = stored.logical_bytes() as u64 + 64;
+                let _ = self.frozen_unallocated.fetch_update(
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                    |v| Some(v.saturating_sub(counted)),
+                );
+            }
             #[expect(
                 clippy::cast_possible_truncation,
                 reason = "values are at most a 64 KiB chunk (the limits of log_entry_is_valid), \
@@ -1918,8 +1926,10 @@ impl Volume {
                 compression: stored.compression(),
                 set,
             };
-            if let Mutation::Insert(element) = &mut mutations[*index] {
-                element.payload = Payload::Extent(extent);
+            match &mut mutations[*index] {
+                Mutation::Insert(element) => element.payload = Payload::Extent(extent),
+                Mutation::Relocate(_, payload) => *payload = Payload::Extent(extent),
+                _ => {}
             }
             // The chunk is at hand decoded: a read or a partial overwrite soon after the
             // commit (the common case) finds it without reading the device.
@@ -2075,6 +2085,186 @@ impl Volume {
         if near != obj {
             hints.insert(obj, near);
         }
+    }
+
+    /// Packs late, as Hummingbird did: the files of a hint group whose data is already on
+    /// the device, split over several sets (or alone), join this commit's set for the
+    /// group when their stored bytes are in the cache, which they are when the hints came
+    /// with reads of them (a proxy names the page of every image it serves). Each moves
+    /// as reblock moves an extent (`Mutation::Relocate`: same element, same TIDs, the old
+    /// extent freed), so history and as-of reads see nothing new. Files this commit
+    /// changes are left alone (their own changes place them), as are files of several
+    /// chunks, and a group already read in one request. A file named by a hint before it
+    /// has data keeps its hint for the commit that writes it.
+    fn regroup(
+        &self,
+        old_root: &RootRef,
+        frozen: &Overlay,
+        mutations: &mut Vec<Mutation>,
+        data: &mut Vec<(usize, Stored)>,
+    ) {
+        let hints: HashMap<u64, u64> = {
+            let hints = self.locality.lock();
+            if hints.is_empty() {
+                return;
+            }
+            hints.clone()
+        };
+        // Files whose data this commit changes (an inode's times changing moves nothing).
+        let is_data = |rtype: u8| rtype == rtype::DATA || rtype == rtype::PATCH;
+        let changed: HashSet<u64> = frozen
+            .map
+            .keys()
+            .filter(|lk| is_data(lk.rtype))
+            .map(|lk| lk.obj)
+            .chain(
+                frozen
+                    .prune
+                    .iter()
+                    .filter(|key| is_data(key.rtype))
+                    .map(|key| key.obj),
+            )
+            .collect();
+        let group_of = |obj: u64| hints.get(&obj).copied().unwrap_or(obj);
+        // Each group's files on the device, and whether the group has data in this commit.
+        let mut groups: HashMap<u64, (Vec<u64>, bool)> = HashMap::new();
+        for (index, _) in data.iter() {
+            let group = group_of(mutations[*index].key().obj);
+            groups.entry(group).or_default().1 = true;
+        }
+        for (&obj, &group) in &hints {
+            if !changed.contains(&obj) {
+                groups.entry(group).or_default().0.push(obj);
+            }
+        }
+        // Room for the copies until the commit is durable, with a wide margin: a commit must
+        // not fail for want of space because of a move, and a volume that runs nearly full
+        // (a cache directory evicting) has its free space in pieces.
+        let free = self.space.free_bytes();
+        if free < self.space.data_bytes() / 4 {
+            return;
+        }
+        let mut room = (free / 16).min(REGROUP_BYTES_MAX);
+        let mut settled: Vec<u64> = Vec::new();
+        // A group's first file may be hinted into another group: it moves once.
+        let mut seen: HashSet<u64> = HashSet::new();
+        for (group, (mut members, fresh)) in groups {
+            if !changed.contains(&group) {
+                members.push(group);
+            }
+            let mut found: Vec<(Key, ExtentRef)> = Vec::with_capacity(members.len());
+            for obj in members {
+                if !seen.insert(obj) {
+                    continue;
+                }
+                match self.lone_extent(old_root, obj) {
+                    // Not written yet: the hint waits for the commit that writes it.
+                    Ok(None) => {}
+                    Ok(Some(extent)) => {
+                        if extent.is_none() {
+                            settled.push(obj);
+                        }
+                        found.extend(extent);
+                    }
+                    Err(e) => {
+                        log::debug!("regroup: object {obj}: {e}");
+                        settled.push(obj);
+                    }
+                }
+            }
+            let reads: HashSet<(u64, u64)> = found
+                .iter()
+                .map(|(_, e)| e.set_span().unwrap_or((e.offset, e.allocated_bytes())))
+                .collect();
+            if reads.len() + usize::from(fresh) < 2 {
+                settled.extend(found.iter().map(|(key, _)| key.obj));
+                continue;
+            }
+            // A moved file's hint places it in the group (`order_by_locality` drops it).
+            for (key, extent) in found {
+                let stored = match extent.allocated_bytes() <= room {
+                    true => self.cached_stored(&extent),
+                    false => None,
+                };
+                let Some(stored) = stored else {
+                    settled.push(key.obj);
+                    continue;
+                };
+                room -= extent.allocated_bytes();
+                data.push((mutations.len(), stored));
+                // The payload is filled in once the extent is placed.
+                mutations.push(Mutation::Relocate(key, Payload::Inline(Vec::new())));
+            }
+        }
+        let mut hints = self.locality.lock();
+        for obj in settled {
+            hints.remove(&obj);
+        }
+    }
+
+    /// The one extent holding all of `obj`'s data in the committed tree, if its data is
+    /// one small chunk in an extent: Ok(None) when it has no data, Ok(Some(None)) when its
+    /// data is not one movable extent.
+    fn lone_extent(&self, root: &RootRef, obj: u64) -> Result<Option<Option<(Key, ExtentRef)>>> {
+        let lo = Key::new(
+            LogicalKey {
+                obj,
+                rtype: rtype::DATA,
+                key: 0,
+            },
+            0,
+        );
+        let hi = Key::new(
+            LogicalKey {
+                obj,
+                rtype: rtype::PATCH,
+                key: u64::MAX,
+            },
+            u64::MAX,
+        );
+        let mut live = 0usize;
+        let mut one = None;
+        let walk = btree::range(&self.loader(), root.root, &lo, &hi, &mut |e| {
+            if e.delete_tid != 0 || (e.key.rtype != rtype::DATA && e.key.rtype != rtype::PATCH) {
+                return true;
+            }
+            live += 1;
+            one = match (e.key.rtype, e.payload()) {
+                (rtype::DATA, Payload::Extent(extent)) => Some((e.key, extent)),
+                _ => None,
+            };
+            live < 2
+        });
+        btree::loaded(walk)?;
+        Ok(match live {
+            0 => None,
+            1 => Some(one.filter(|(_, e)| e.allocated_bytes() <= CLUSTER_EXTENT_BYTES_MAX)),
+            _ => Some(None),
+        })
+    }
+
+    /// An extent's stored bytes from the cache (its set's bytes, or its decoded bytes
+    /// encoded again), verified; None when neither is cached. Never reads the device.
+    fn cached_stored(&self, extent: &ExtentRef) -> Option<Stored> {
+        if let Some((start, len)) = extent.set_span() {
+            if let Some(set) = self.cache.peek_set(start, len) {
+                let at = usize::try_from(extent.offset.checked_sub(start)?).ok()?;
+                let stored = set.get(at..at.checked_add(extent.stored_bytes as usize)?)?;
+                if let Ok(value) = decode_extent(extent, stored) {
+                    let encoded = (extent.compression != crate::format::record::compression::NONE)
+                        .then(|| (extent.compression, stored.to_vec()));
+                    return Some(Stored {
+                        value: Arc::new(value),
+                        encoded,
+                    });
+                }
+            }
+        }
+        let value = self.cache.peek_extent(extent)?;
+        Some(Stored {
+            encoded: encode_extent(&value, extent.compression),
+            value,
+        })
     }
 
     /// Asks commits to report which objects' data they write into one cluster
