@@ -175,13 +175,13 @@ fn metadata_fill_then_prune_everything_gives_the_space_back() {
         "prune returned {returned} of the {held} bytes the deleted files held \
          (empty {empty_used}, full {full_used}, after prune {pruned_used})"
     );
-    // The first fill appended to a growing tree and packed its leaves nearly full; the
-    // second inserts among the kept entries, into merged leaves that split as they fill
-    // (88% of the first measured with packed leaves, which hold 240,000 files here where
-    // unpacked ones held 101,000; 95% then).
+    // The second fill inserts among the kept entries, into merged leaves that split as they
+    // fill; a split leaf shares with its neighbour (`spill`), so the tree holds as many
+    // files as after the first fill to within a few percent (95%: 230,700 beside 27,100 of
+    // 270,900; 89% before leaves shared, when the first fill held 219,000).
     let again = fill_with_files(&fs, dir, 1);
     assert!(
-        (again + created / 10) * 100 >= created * 85,
+        (again + created / 10) * 100 >= created * 90,
         "first fill {created} files, the second only {again} beside {} kept",
         created / 10
     );
