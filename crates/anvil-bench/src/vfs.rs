@@ -76,8 +76,8 @@ pub trait Vfs: Send + Sync {
     /// `collocate_files`): for anvil targets only (the library's `set_locality`, or a
     /// mount's `trusted.anvil.near` attribute, which elsewhere would be stored as junk).
     fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>>;
-    /// Names `near` as the file existing file `path` belongs with (Hummingbird's
-    /// `collocate_files` on a hit): anvil moves it into `near`'s set at its next commit
+    /// Names `near` as the file that the existing file `path` belongs with (Hummingbird's
+    /// `collocate_files` on a hit): anvil moves the two into one set at its next commit
     /// when that saves reads. For anvil targets only, as `create_near`.
     fn collocate(&self, path: &str, near: &str) -> io::Result<()>;
     /// Turns history off below directory `path` on an anvil volume (`anvil nohistory`).

@@ -145,8 +145,8 @@ pub struct Params {
     /// With `hints`, also name the page of every image served from disk, as wg-Hummingbird
     /// called `collocate_files` on hits too: anvil then moves a page's files read apart
     /// into one set at its next commit (design.md, "Packing late"). Off by default: on
-    /// `config=8g-256m` it cut reads by 9% but wrote half as many bytes again, and the
-    /// run was slower (docs/benchmarks.md, fourteenth session).
+    /// `config=8g-256m` it cut reads by 8% but wrote 45% more bytes, and the run was
+    /// slower (docs/benchmarks.md, fourteenth session).
     #[serde(default)]
     pub collocate_hits: bool,
     /// Hummingbird's division of labour: on anvil targets the cache directory is an anvil
