@@ -99,3 +99,73 @@ fn a_page_named_through_the_mount_is_one_set() {
     // Page and four images of two blocks each (the page compresses to one or two).
     assert!(set.1 >= 9 * 4096 && set.1 <= 10 * 4096, "{set:?}");
 }
+
+/// Packing late through a mount: a page's files written by three commits, read back cold and
+/// each named with the page (`trusted.anvil.near` on a file that exists), lie in one set
+/// after the next commit, and read back as written.
+#[test]
+fn files_read_apart_are_packed_into_one_set_through_the_mount() {
+    if !common::fuse_or_skip("files_read_apart_are_packed_into_one_set_through_the_mount") {
+        return;
+    }
+    let mut mount = common::Mount::with_options("64M", Some("commit_interval_ms=600000"));
+    let root = mount.path().to_path_buf();
+    let dir = root.to_str().unwrap().to_string();
+    let synctid = |mount: &common::Mount| {
+        let out = mount.anvil("synctid", &["synctid", &dir]);
+        assert!(out.status.success(), "{out}");
+    };
+    let mut files: Vec<(std::path::PathBuf, u64, Vec<u8>)> = Vec::new();
+    for commit in 0..3u64 {
+        for i in 0..3u64 {
+            let path = root.join(format!("c{commit}-{i}"));
+            let bytes = common::pattern(5000, 100 + 3 * commit + i);
+            std::fs::write(&path, &bytes).unwrap();
+            if let Some((_, page, _)) = files.first() {
+                set_near(&path, page.to_string().as_bytes()).unwrap();
+            }
+            let ino = std::fs::metadata(&path).unwrap().ino();
+            files.push((path, ino, bytes));
+        }
+        synctid(&mount);
+    }
+    // Cold: neither the kernel's caches nor anvil's hold the files.
+    let out = mount.anvil("drop-caches", &["drop-caches", &dir]);
+    assert!(out.status.success(), "{out}");
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let page = files[0].1.to_string();
+    for (path, _, bytes) in &files {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes);
+        set_near(path, page.as_bytes()).unwrap();
+    }
+    // Hints ride on the next commit of anything.
+    std::fs::write(root.join("other"), b"x").unwrap();
+    mount.unmount_keep_image();
+    let check = mount.check();
+    assert!(check.status.success(), "{check}");
+    if mount.on_a_store() {
+        return;
+    }
+    let options = MountOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let fs = Filesystem::open_path(mount.image(), options).unwrap();
+    let mut sets = HashMap::new();
+    fs.volume()
+        .scan(&mut |element| {
+            if let (rtype::DATA, Some(extent), 0) =
+                (element.key.rtype, element.extent(), element.delete_tid)
+            {
+                sets.insert(element.key.obj, extent.set_span());
+            }
+            true
+        })
+        .unwrap();
+    let set = sets[&files[0].1].expect("the page is in a set");
+    for (path, ino, bytes) in &files {
+        assert_eq!(sets[ino], Some(set), "{}", path.display());
+        let name = format!("/{}", path.file_name().unwrap().to_str().unwrap());
+        assert_eq!(&fs.read_file(&name).unwrap(), bytes);
+    }
+}
