@@ -32,6 +32,30 @@ fn set_near(path: &Path, value: &[u8]) -> std::io::Result<()> {
     }
 }
 
+fn open_read_only(image: &Path) -> Filesystem {
+    let options = MountOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    Filesystem::open_path(image, options).unwrap()
+}
+
+/// The locality set of each live file's data extent (None: in no set), by inode.
+fn sets(fs: &Filesystem) -> HashMap<u64, Option<(u64, u64)>> {
+    let mut sets = HashMap::new();
+    fs.volume()
+        .scan(&mut |element| {
+            if let (rtype::DATA, Some(extent), 0) =
+                (element.key.rtype, element.extent(), element.delete_tid)
+            {
+                sets.insert(element.key.obj, extent.set_span());
+            }
+            true
+        })
+        .unwrap();
+    sets
+}
+
 #[test]
 fn a_page_named_through_the_mount_is_one_set() {
     if !common::fuse_or_skip("a_page_named_through_the_mount_is_one_set") {
@@ -76,22 +100,8 @@ fn a_page_named_through_the_mount_is_one_set() {
     if mount.on_a_store() {
         return;
     }
-    let options = MountOptions {
-        read_only: true,
-        ..Default::default()
-    };
-    let fs = Filesystem::open_path(mount.image(), options).unwrap();
-    let mut sets = HashMap::new();
-    fs.volume()
-        .scan(&mut |element| {
-            if let (rtype::DATA, Some(extent), 0) =
-                (element.key.rtype, element.extent(), element.delete_tid)
-            {
-                sets.insert(element.key.obj, extent.set_span());
-            }
-            true
-        })
-        .unwrap();
+    let fs = open_read_only(mount.image());
+    let sets = sets(&fs);
     let set = sets[&page_ino].expect("the page is in a set");
     for ino in &images {
         assert_eq!(sets[ino], Some(set), "image {ino}");
@@ -146,22 +156,8 @@ fn files_read_apart_are_packed_into_one_set_through_the_mount() {
     if mount.on_a_store() {
         return;
     }
-    let options = MountOptions {
-        read_only: true,
-        ..Default::default()
-    };
-    let fs = Filesystem::open_path(mount.image(), options).unwrap();
-    let mut sets = HashMap::new();
-    fs.volume()
-        .scan(&mut |element| {
-            if let (rtype::DATA, Some(extent), 0) =
-                (element.key.rtype, element.extent(), element.delete_tid)
-            {
-                sets.insert(element.key.obj, extent.set_span());
-            }
-            true
-        })
-        .unwrap();
+    let fs = open_read_only(mount.image());
+    let sets = sets(&fs);
     let set = sets[&files[0].1].expect("the page is in a set");
     for (path, ino, bytes) in &files {
         assert_eq!(sets[ino], Some(set), "{}", path.display());

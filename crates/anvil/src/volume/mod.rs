@@ -1317,11 +1317,7 @@ impl Volume {
         if start < self.space.data_offset() || end > self.space.volume_bytes() {
             return None;
         }
-        let at = usize::try_from(extent.offset - start).ok()?;
-        let member = |set: &[u8]| {
-            let stored = set.get(at..at + extent.stored_bytes as usize)?;
-            decode_extent(extent, stored).ok()
-        };
+        let member = |set: &[u8]| decode_extent(extent, set_member(extent, start, set)?).ok();
         if let Some(set) = self.cache.set(start, len) {
             if let Some(bytes) = member(&set) {
                 return Some(bytes);
@@ -2103,13 +2099,13 @@ impl Volume {
         mutations: &mut Vec<Mutation>,
         data: &mut Vec<(usize, Stored)>,
     ) {
-        let hints: HashMap<u64, u64> = {
-            let hints = self.locality.lock();
-            if hints.is_empty() {
-                return;
-            }
-            hints.clone()
-        };
+        // Room for the copies until the commit is durable, with a wide margin: a commit must
+        // not fail for want of space because of a move, and a volume that runs nearly full
+        // (a cache directory evicting) has its free space in pieces.
+        let free = self.space.free_bytes();
+        if free < self.space.data_bytes() / 4 || self.locality.lock().is_empty() {
+            return;
+        }
         // Files whose data this commit changes (an inode's times changing moves nothing).
         let is_data = |rtype: u8| rtype == rtype::DATA || rtype == rtype::PATCH;
         let changed: HashSet<u64> = frozen
@@ -2125,6 +2121,7 @@ impl Volume {
                     .map(|key| key.obj),
             )
             .collect();
+        let hints = self.locality.lock();
         let group_of = |obj: u64| hints.get(&obj).copied().unwrap_or(obj);
         // Each group's files on the device, and whether the group has data in this commit.
         let mut groups: HashMap<u64, (Vec<u64>, bool)> = HashMap::new();
@@ -2132,18 +2129,12 @@ impl Volume {
             let group = group_of(mutations[*index].key().obj);
             groups.entry(group).or_default().1 = true;
         }
-        for (&obj, &group) in &hints {
+        for (&obj, &group) in hints.iter() {
             if !changed.contains(&obj) {
                 groups.entry(group).or_default().0.push(obj);
             }
         }
-        // Room for the copies until the commit is durable, with a wide margin: a commit must
-        // not fail for want of space because of a move, and a volume that runs nearly full
-        // (a cache directory evicting) has its free space in pieces.
-        let free = self.space.free_bytes();
-        if free < self.space.data_bytes() / 4 {
-            return;
-        }
+        drop(hints);
         let mut room = (free / 16).min(REGROUP_BYTES_MAX);
         let mut settled: Vec<u64> = Vec::new();
         // A group's first file may be hinted into another group: it moves once.
@@ -2248,8 +2239,7 @@ impl Volume {
     fn cached_stored(&self, extent: &ExtentRef) -> Option<Stored> {
         if let Some((start, len)) = extent.set_span() {
             if let Some(set) = self.cache.peek_set(start, len) {
-                let at = usize::try_from(extent.offset.checked_sub(start)?).ok()?;
-                let stored = set.get(at..at.checked_add(extent.stored_bytes as usize)?)?;
+                let stored = set_member(extent, start, &set)?;
                 if let Ok(value) = decode_extent(extent, stored) {
                     let encoded = (extent.compression != crate::format::record::compression::NONE)
                         .then(|| (extent.compression, stored.to_vec()));
@@ -2898,6 +2888,13 @@ impl Stored {
 /// What a written commit produced: the new root, the ranges it freed, its superblock, and
 /// the extents written ahead of it that it linked or freed.
 type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock, Vec<ExtentRef>);
+
+/// The stored bytes of `extent` in the bytes of its set, which begins at `start`; None when
+/// the set does not reach them.
+fn set_member<'a>(extent: &ExtentRef, start: u64, set: &'a [u8]) -> Option<&'a [u8]> {
+    let at = usize::try_from(extent.offset.checked_sub(start)?).ok()?;
+    set.get(at..at.checked_add(extent.stored_bytes as usize)?)
+}
 
 /// The locality set of each extent a commit places: inside each cluster `place_clustered`
 /// made (back to back in one free range), the two or more extents of one group named by
