@@ -537,7 +537,9 @@ mod tests {
     #[test]
     fn sets_take_half_the_data_share_least_recently_used_first() {
         let cache = BlockCache::new(4 << 20, 16 << 20);
-        // Before any set, decoded extents have all of the data share.
+        // Before any set, decoded extents have all of the data share (well over half of it:
+        // quick_cache's shards, chosen by a randomly seeded hash, fill unevenly, and one run
+        // in 40 kept 11.9 MiB of the 12.5 MiB given).
         for c in 0..200u64 {
             let e = ExtentRef {
                 stored_bytes: 65536,
@@ -546,7 +548,7 @@ mod tests {
             };
             cache.insert_extent(e, Arc::new(vec![0; 65536]));
         }
-        assert!(cache.extents.weight() > 12 << 20);
+        assert!(cache.extents.weight() > 10 << 20);
         // 32 KiB sets, read in turn; set 0 is read again after each new one.
         cache.insert_set(1 << 30, Arc::new(vec![0; 32 << 10]));
         for s in 1..1000u64 {
