@@ -215,6 +215,16 @@ fn check_element(
             format!("element {key:?}: TID newer than the last commit"),
         );
     }
+    let next_obj = volume.root().next_obj;
+    if key.obj >= next_obj {
+        note(
+            report,
+            format!(
+                "element {key:?}: object at or above the superblock's next object id \
+                 {next_obj} (lookups do not see it)"
+            ),
+        );
+    }
     if element.delete_tid == 0 {
         report.live_elements += 1;
         if let Some(previous) = live.insert(key.logical(), element.clone()) {

@@ -520,7 +520,7 @@ fn a_stream_cut_anywhere_leaves_the_slave_as_it_was() {
 }
 
 /// A well-formed stream that no master writes (TIDs outside its range, the slave's own
-/// mirror record) is refused like a damaged one.
+/// mirror record, an object its header does not count) is refused like a damaged one.
 #[test]
 fn items_outside_the_range_are_refused() {
     use anvil::format::record::{rtype, Element, Key, Payload};
@@ -553,11 +553,14 @@ fn items_outside_the_range_are_refused() {
     };
     let before = slave_state(&slave);
     for item in [
-        insert(500, rtype::INODE, 0, state.last_tid),
-        insert(500, rtype::INODE, 0, state.last_tid + 3),
+        insert(50, rtype::INODE, 0, state.last_tid),
+        insert(50, rtype::INODE, 0, state.last_tid + 3),
         insert(0, rtype::CONFIG, 4, state.last_tid + 1),
+        // An object at or above the header's next object id (the slave's lookups take
+        // that number as a bound).
+        insert(100, rtype::INODE, 0, state.last_tid + 1),
         Item::Keep(Key {
-            obj: 500,
+            obj: 50,
             rtype: rtype::INODE,
             key: 0,
             create_tid: state.last_tid + 1,
@@ -565,7 +568,7 @@ fn items_outside_the_range_are_refused() {
         // An extent the read path would refuse as damage: larger than any stored chunk.
         Item::InsertExtent {
             key: Key {
-                obj: 500,
+                obj: 50,
                 rtype: rtype::DATA,
                 key: 65536,
                 create_tid: state.last_tid + 1,
@@ -582,6 +585,9 @@ fn items_outside_the_range_are_refused() {
         let (bytes, _) = writer.finish(0).unwrap();
         let err = slave.mirror_write(&mut bytes.as_slice()).unwrap_err();
         assert!(matches!(err, Error::Stream(_)), "{item:?}: {err}");
+        if matches!(&item, Item::Insert(e) if e.key.obj == 100) {
+            assert!(err.to_string().contains("next object id 100"), "{err}");
+        }
         if matches!(item, Item::InsertExtent { .. }) {
             assert!(err.to_string().contains("200000 stored"), "{err}");
         }

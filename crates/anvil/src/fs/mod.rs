@@ -195,18 +195,16 @@ fn is_empty_dir(tx: &Tx<'_>, dir: u64) -> Step<bool> {
 
 /// Deletes every record of an object (history keeps the versions).
 fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
-    for record_type in [rtype::DATA, rtype::PATCH, rtype::XATTR, rtype::SYMLINK] {
-        let records = tx.range(obj, record_type, 0, u64::MAX, usize::MAX)?;
-        for (key, _) in records {
-            put(
-                tx,
-                LogicalKey {
-                    obj,
-                    rtype: record_type,
-                    key,
-                },
-                None,
-            )?;
+    // One walk over the object's records from its data to its patches (the types between
+    // are symlink targets, attributes and, on the volume object only, volume records).
+    let at = |rtype, key| LogicalKey { obj, rtype, key };
+    let records = tx.span(at(rtype::DATA, 0), at(rtype::PATCH, u64::MAX), usize::MAX)?;
+    for (lk, ..) in records {
+        if matches!(
+            lk.rtype,
+            rtype::DATA | rtype::PATCH | rtype::XATTR | rtype::SYMLINK
+        ) {
+            put(tx, lk, None)?;
         }
     }
     put(tx, inode_key(obj), None)?;

@@ -797,6 +797,7 @@ impl Volume {
         st.root = Arc::new(super::RootRef {
             root: new_root,
             tid,
+            next_obj: sb.next_obj,
             release: parking_lot::Mutex::new(Vec::new()),
             space: self.space.clone(),
         });
@@ -887,6 +888,13 @@ fn check_item(item: &Item, header: &StreamHeader) -> Result<()> {
                 && (*delete_tid == 0 || *delete_tid <= until),
         ),
     };
+    if key.obj >= header.next_obj {
+        // The receiver's lookups take the header's number as a bound (`RootRef::next_obj`).
+        return Err(Error::Stream(format!(
+            "{key:?} belongs to object {}, at or above the stream's next object id {}",
+            key.obj, header.next_obj
+        )));
+    }
     match fits && !is_state_key(key) {
         true => Ok(()),
         false => Err(Error::Stream(format!(

@@ -133,6 +133,12 @@ impl Default for VolumeOptions {
 pub struct RootRef {
     pub root: Root,
     pub tid: u64,
+    /// The superblock's next object id when this root was committed: no element of the
+    /// tree belongs to an object at or above it (objects are numbered when created and the
+    /// commit records the next number after freezing its group; a mirror stream's elements
+    /// are held to its header's number, and `check` reports any element above it). A
+    /// lookup of a newer object skips the tree.
+    pub next_obj: u64,
     release: Mutex<Vec<(u64, u64)>>,
     space: Arc<Space>,
 }
@@ -166,7 +172,7 @@ pub(crate) struct State {
 #[derive(Default)]
 pub(crate) struct LiveMemo {
     root: std::sync::Weak<RootRef>,
-    found: HashMap<LogicalKey, Option<(u64, overlay::Value)>>,
+    found: foldhash::HashMap<LogicalKey, Option<(u64, overlay::Value)>>,
 }
 
 impl LiveMemo {
@@ -641,6 +647,7 @@ impl Volume {
         let root_ref = Arc::new(RootRef {
             root,
             tid: sb.committed_tid,
+            next_obj: sb.next_obj,
             release: Mutex::new(Vec::new()),
             space: space.clone(),
         });
@@ -732,6 +739,7 @@ impl Volume {
                     level: sb.root_level,
                 },
                 tid: sb.committed_tid,
+                next_obj: sb.next_obj,
                 release: Mutex::new(Vec::new()),
                 space: self.space.clone(),
             });
@@ -1601,6 +1609,7 @@ impl Volume {
                     st.root = Arc::new(RootRef {
                         root: new_root,
                         tid,
+                        next_obj: sb.next_obj,
                         release: Mutex::new(Vec::new()),
                         space: self.space.clone(),
                     });
@@ -2809,6 +2818,7 @@ impl Volume {
         st.root = Arc::new(RootRef {
             root: new_root,
             tid: sb.committed_tid,
+            next_obj: sb.next_obj,
             release: Mutex::new(Vec::new()),
             space: self.space.clone(),
         });
@@ -3108,6 +3118,7 @@ mod tests {
                 level: 0,
             },
             tid,
+            next_obj: u64::MAX,
             release: Mutex::new(Vec::new()),
             space: space.clone(),
         })

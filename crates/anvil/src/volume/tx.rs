@@ -87,6 +87,9 @@ impl<'a> Tx<'a> {
 
     /// The live committed version of `lk`: (create_tid, value). Looked for newest first.
     fn tree_live(&self, lk: LogicalKey) -> Step<Option<(u64, Value)>> {
+        if !self.in_tree(lk.obj) {
+            return Ok(None);
+        }
         if let Some(found) = self.state.live_memo.borrow_mut().get(&self.state.root, &lk) {
             return Ok(found);
         }
@@ -106,6 +109,12 @@ impl<'a> Tx<'a> {
         )?;
         self.state.live_memo.borrow_mut().put(lk, found.clone());
         Ok(found)
+    }
+
+    /// Whether the committed tree may hold records of `obj` (an object created since its
+    /// root was committed has none: `RootRef::next_obj`).
+    fn in_tree(&self, obj: u64) -> bool {
+        obj < self.state.root.next_obj
     }
 
     /// The pending change to `lk`, newest first: this operation, active group, frozen group.
@@ -138,7 +147,10 @@ impl<'a> Tx<'a> {
     pub fn resolve(&self, value: &Value) -> Step<Arc<Vec<u8>>> {
         match value {
             Value::Bytes(bytes) => Ok(bytes.clone()),
-            Value::Extent(extent) => match self.pinned_extents.get(extent) {
+            Value::Extent(extent) => match (!self.pinned_extents.is_empty())
+                .then(|| self.pinned_extents.get(extent))
+                .flatten()
+            {
                 Some(bytes) => Ok(bytes.clone()),
                 None => match self.volume.cache.extent(extent) {
                     Some(bytes) => Ok(bytes),
@@ -203,6 +215,12 @@ impl<'a> Tx<'a> {
                 None => (0, false),
             },
         };
+        if lk.obj >= self.state.next_obj {
+            // A record of an object this volume did not number (the volume's own API takes
+            // any object id): numbers stay above every object in the tree, which
+            // `RootRef::next_obj` relies on.
+            self.state.next_obj = lk.obj.saturating_add(1);
+        }
         if lk.rtype == crate::format::record::rtype::INODE {
             self.objects_delta += value.is_some() as i64 - existed as i64;
         }
@@ -214,7 +232,9 @@ impl<'a> Tx<'a> {
             }
         }
         let nohistory = nohistory || self.volume.options.nohistory;
-        self.splices.remove(&lk);
+        if !self.splices.is_empty() {
+            self.splices.remove(&lk);
+        }
         let old = self.writes.insert(
             lk,
             Pending {
@@ -309,54 +329,53 @@ impl<'a> Tx<'a> {
         hi: u64,
         limit: usize,
     ) -> Step<Vec<(u64, Value, u64)>> {
-        let lo_lk = LogicalKey {
-            obj,
-            rtype,
-            key: lo,
-        };
-        let hi_lk = LogicalKey {
-            obj,
-            rtype,
-            key: hi,
-        };
+        let at = |key| LogicalKey { obj, rtype, key };
+        Ok(self
+            .span(at(lo), at(hi), limit)?
+            .into_iter()
+            .map(|(lk, value, tid)| (lk.key, value, tid))
+            .collect())
+    }
+
+    /// Live records with `lo <= logical key <= hi` (of any record types between), in key
+    /// order, at most `limit`, each with its create_tid as `range_versions` gives it: one
+    /// walk of the tree where a record type at a time would take one each.
+    pub fn span(
+        &self,
+        lo: LogicalKey,
+        hi: LogicalKey,
+        limit: usize,
+    ) -> Step<Vec<(LogicalKey, Value, u64)>> {
         let mut out = Vec::new();
         let mut cursor = lo;
         loop {
             // A batch of live tree records from `cursor`.
-            let mut batch: Vec<(u64, Value, u64)> = Vec::new();
-            btree::range(
-                &self.source(),
-                self.state.root.root,
-                &Key::new(
-                    LogicalKey {
-                        key: cursor,
-                        ..lo_lk
+            let mut batch: Vec<(LogicalKey, Value, u64)> = Vec::new();
+            if self.in_tree(cursor.obj) {
+                btree::range(
+                    &self.source(),
+                    self.state.root.root,
+                    &Key::new(cursor, 0),
+                    &Key::new(hi, u64::MAX),
+                    &mut |e| {
+                        if e.delete_tid == 0 {
+                            batch.push((
+                                e.key.logical(),
+                                payload_value(&e.payload()),
+                                e.key.create_tid,
+                            ));
+                        }
+                        batch.len() < limit
                     },
-                    0,
-                ),
-                &Key::new(hi_lk, u64::MAX),
-                &mut |e| {
-                    if e.delete_tid == 0 {
-                        batch.push((e.key.key, payload_value(&e.payload()), e.key.create_tid));
-                    }
-                    batch.len() < limit
-                },
-            )?;
+                )?;
+            }
             let batch_end = if batch.len() < limit {
                 hi
             } else {
                 batch.last().map_or(hi, |b| b.0)
             };
             // Pending changes in [cursor, batch_end], newest layer winning.
-            let from = LogicalKey {
-                key: cursor,
-                ..lo_lk
-            };
-            let to = LogicalKey {
-                key: batch_end,
-                ..lo_lk
-            };
-            let mut layered: BTreeMap<u64, (Option<Value>, u64)> = BTreeMap::new();
+            let mut layered: BTreeMap<LogicalKey, (Option<Value>, u64)> = BTreeMap::new();
             let active_tid = self.state.active.tid;
             let layers: [Option<(&BTreeMap<LogicalKey, Pending>, u64)>; 3] = [
                 self.state.frozen.as_deref().map(|f| (&f.map, f.tid)),
@@ -364,8 +383,10 @@ impl<'a> Tx<'a> {
                 Some((&self.writes, active_tid)),
             ];
             for (layer, tid) in layers.into_iter().flatten() {
-                for (lk, pending) in layer.range((Bound::Included(from), Bound::Included(to))) {
-                    layered.insert(lk.key, (pending.value.clone(), tid));
+                for (lk, pending) in
+                    layer.range((Bound::Included(cursor), Bound::Included(batch_end)))
+                {
+                    layered.insert(*lk, (pending.value.clone(), tid));
                 }
             }
             let mut tree = batch.into_iter().peekable();
@@ -380,12 +401,12 @@ impl<'a> Tx<'a> {
                             tree.next();
                         }
                         pend.next()
-                            .and_then(|(key, (value, tid))| value.map(|v| (key, v, tid)))
+                            .and_then(|(lk, (value, tid))| value.map(|v| (lk, v, tid)))
                     }
                     (Some(_), _) => tree.next(),
                     (None, Some(_)) => pend
                         .next()
-                        .and_then(|(key, (value, tid))| value.map(|v| (key, v, tid))),
+                        .and_then(|(lk, (value, tid))| value.map(|v| (lk, v, tid))),
                 };
                 if let Some(item) = item {
                     out.push(item);
@@ -397,7 +418,22 @@ impl<'a> Tx<'a> {
             if batch_end >= hi {
                 return Ok(out);
             }
-            cursor = batch_end + 1;
+            // The key after `batch_end` (below `hi`, so it exists).
+            cursor = match batch_end.key.checked_add(1) {
+                Some(key) => LogicalKey { key, ..batch_end },
+                None => match batch_end.rtype.checked_add(1) {
+                    Some(rtype) => LogicalKey {
+                        rtype,
+                        key: 0,
+                        ..batch_end
+                    },
+                    None => LogicalKey {
+                        obj: batch_end.obj + 1,
+                        rtype: 0,
+                        key: 0,
+                    },
+                },
+            };
         }
     }
 }
