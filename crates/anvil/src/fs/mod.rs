@@ -155,8 +155,13 @@ fn find_hashed(
 fn free_slot(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<u64> {
     let base = hash_slot_base(name);
     let used = tx.range(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOT_COUNT)?;
+    first_free(base, used.iter().map(|(key, _)| *key))
+}
+
+/// The first slot from `base` that `used` (slots in ascending order) does not hold.
+fn first_free(base: u64, used: impl Iterator<Item = u64>) -> Step<u64> {
     let mut slot = base;
-    for (key, _) in used {
+    for key in used {
         if key != slot {
             break;
         }
@@ -166,6 +171,29 @@ fn free_slot(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<u64> {
         return fail(libc::ENOSPC);
     }
     Ok(slot)
+}
+
+/// For a new directory entry named `name` in `dir`: EEXIST if the name is taken, else the
+/// slot it goes in. One walk of the name's slots where `find_entry` and `free_slot` take
+/// one each.
+fn slot_for_new_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<u64> {
+    if name.len() > NAME_BYTES_MAX {
+        return fail(libc::ENAMETOOLONG);
+    }
+    let base = hash_slot_base(name);
+    let used = tx.range_versions(
+        dir,
+        rtype::DIRENT,
+        base,
+        base + HASH_SLOTS - 1,
+        HASH_SLOT_COUNT,
+    )?;
+    for (_, value, _) in &used {
+        if Dirent::decode(&tx.resolve(value)?)?.name == name {
+            return fail(libc::EEXIST);
+        }
+    }
+    first_free(base, used.iter().map(|(key, ..)| *key))
 }
 
 fn find_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<Option<(u64, Dirent)>> {
@@ -758,9 +786,7 @@ impl Filesystem {
             if parent_inode.nlink == 0 {
                 return fail(libc::ENOENT);
             }
-            if find_entry(tx, parent, name)?.is_some() {
-                return fail(libc::EEXIST);
-            }
+            let slot = slot_for_new_entry(tx, parent, name)?;
             let is_dir = mode & kind::MASK == kind::DIR;
             let mut mode = mode;
             let gid = if parent_inode.mode & libc::S_ISGID != 0 {
@@ -796,7 +822,6 @@ impl Filesystem {
                 };
                 put(tx, lk, Some(Arc::new(target.to_vec())))?;
             }
-            let slot = free_slot(tx, parent, rtype::DIRENT, name)?;
             let entry = Dirent {
                 child: obj,
                 kind: mode & kind::MASK,
