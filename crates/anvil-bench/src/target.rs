@@ -758,6 +758,15 @@ impl Target {
                 c.set_bytes >> 20,
                 c.set_budget_bytes >> 20,
             );
+            // Where the writers waited for the device: commits, and writers held back
+            // while one was in flight.
+            let engine: Vec<String> = fs
+                .volume()
+                .report()
+                .iter()
+                .map(|(name, value)| format!("{name} {value}"))
+                .collect();
+            eprintln!("anvil-lib engine: {}", engine.join(", "));
             note(
                 fs.close()
                     .map_err(|e| BenchError(format!("close anvil volume: {e}"))),
