@@ -27,8 +27,14 @@ export ANVIL_S3_TEST_ENV="$GARAGE_DIR/env" ANVIL_REQUIRE_S3=1
 
 # The mount tests run once per transport the machine offers, and once more on the
 # /dev/fuse transport with the kernel's writeback cache (a killed daemon is replaced there).
+# FUSE over io_uring is off by default (Linux 6.14+): as root, turn it on as
+# scripts/setup.sh does, so that a fresh machine tests every transport.
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+if [[ -w "$URING_PARAM" && "$(cat "$URING_PARAM")" != Y ]] && echo Y > "$URING_PARAM" 2>/dev/null; then
+    echo "FUSE over io_uring: turned on ($URING_PARAM)"
+fi
 CONFIGS=(transport=classic)
-if [[ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" == Y ]]; then
+if [[ "$(cat "$URING_PARAM" 2>/dev/null)" == Y ]]; then
     CONFIGS=(transport=uring transport=classic)
 else
     echo "FUSE over io_uring is not offered here: mount tests run on the classic transport only"

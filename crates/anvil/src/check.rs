@@ -130,7 +130,15 @@ pub fn check_with(volume: &Volume, known: Option<&dyn KnownExtents>) -> Result<R
                     note(&mut report, format!("node at byte {address}: empty leaf"));
                 }
                 for element in leaf.iter() {
-                    check_element(volume, known, &space, &element, &mut report, &mut live);
+                    check_element(
+                        volume,
+                        known,
+                        &space,
+                        &element,
+                        &mut report,
+                        &mut live,
+                        root.next_obj,
+                    );
                 }
             }
             Node::Internal { children, .. } => {
@@ -205,6 +213,7 @@ fn check_element(
     element: &Element,
     report: &mut Report,
     live: &mut HashMap<LogicalKey, Element>,
+    next_obj: u64,
 ) {
     report.elements += 1;
     let key = element.key;
@@ -215,7 +224,6 @@ fn check_element(
             format!("element {key:?}: TID newer than the last commit"),
         );
     }
-    let next_obj = volume.root().next_obj;
     if key.obj >= next_obj {
         note(
             report,

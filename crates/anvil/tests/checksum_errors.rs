@@ -113,3 +113,25 @@ fn corruption_found_while_mounted_turns_volume_read_only() {
     assert!(why.contains("corruption detected"), "{why}");
     assert_eq!(write.unwrap_err().errno(), libc::EROFS);
 }
+
+/// Every element's object lies below the superblock's next object id: lookups of newer
+/// objects do not read the tree. A superblock that says otherwise is damage `check` names.
+#[test]
+fn check_names_an_object_above_the_next_object_id() {
+    let (device, ino, _) = volume_with_file();
+    let mut sb = anvil::internals::Volume::read_superblock(&*device).unwrap();
+    assert!(sb.next_obj > ino);
+    sb.next_obj = ino;
+    device.write_at(&sb.encode(), sb.address()).unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    let report = anvil::check::check(fs.volume()).unwrap();
+    let named = format!("obj: {ino}");
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("next object id") && p.contains(&named)),
+        "{:?}",
+        report.problems
+    );
+}
