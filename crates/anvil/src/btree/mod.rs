@@ -124,13 +124,11 @@ pub struct CacheOnly<'a> {
 
 impl NodeSource for CacheOnly<'_> {
     fn node(&self, address: u64, level: u8) -> Step<Arc<Node>> {
-        // Nodes are pinned only by an operation retried after a miss: most have none, and
-        // an empty map is not worth hashing the address for.
-        let pinned = match self.pinned.is_empty() {
-            true => None,
-            false => self.pinned.get(&address).cloned(),
-        };
-        let node = pinned.or_else(|| self.cache.node(address));
+        let node = self
+            .pinned
+            .get(&address)
+            .cloned()
+            .or_else(|| self.cache.node(address));
         match node {
             Some(node) if node.level() == level => Ok(node),
             Some(_) => Err(Stop::Fail(Error::corrupt(

@@ -132,6 +132,16 @@ fn check_name(name: &[u8]) -> Step<()> {
 const HASH_SLOT_COUNT: usize = 1 << 16;
 const _: () = assert!(HASH_SLOT_COUNT as u64 == HASH_SLOTS);
 
+/// Slot, value and create_tid of the live records (dirents or xattrs) in `name`'s slot
+/// range under `obj`, in slot order, and the range's first slot.
+type Slots = (u64, Vec<(u64, Value, u64)>);
+
+fn name_slots(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<Slots> {
+    let base = hash_slot_base(name);
+    let used = tx.range_versions(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOT_COUNT)?;
+    Ok((base, used))
+}
+
 /// Finds the hashed record (dirent or xattr) named `name` under `obj`.
 fn find_hashed(
     tx: &Tx<'_>,
@@ -140,10 +150,7 @@ fn find_hashed(
     name: &[u8],
     name_of: impl Fn(&[u8]) -> Result<Vec<u8>>,
 ) -> Step<Option<(u64, Arc<Vec<u8>>)>> {
-    let base = hash_slot_base(name);
-    for (slot, value, _) in
-        tx.range_versions(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOT_COUNT)?
-    {
+    for (slot, value, _) in name_slots(tx, obj, rtype, name)?.1 {
         let bytes = tx.resolve(&value)?;
         if name_of(&bytes)? == name {
             return Ok(Some((slot, bytes)));
@@ -153,9 +160,8 @@ fn find_hashed(
 }
 
 fn free_slot(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<u64> {
-    let base = hash_slot_base(name);
-    let used = tx.range(obj, rtype, base, base + HASH_SLOTS - 1, HASH_SLOT_COUNT)?;
-    first_free(base, used.iter().map(|(key, _)| *key))
+    let (base, used) = name_slots(tx, obj, rtype, name)?;
+    first_free(base, used.iter().map(|(key, ..)| *key))
 }
 
 /// The first slot from `base` that `used` (slots in ascending order) does not hold.
@@ -180,14 +186,7 @@ fn slot_for_new_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<u64> {
     if name.len() > NAME_BYTES_MAX {
         return fail(libc::ENAMETOOLONG);
     }
-    let base = hash_slot_base(name);
-    let used = tx.range_versions(
-        dir,
-        rtype::DIRENT,
-        base,
-        base + HASH_SLOTS - 1,
-        HASH_SLOT_COUNT,
-    )?;
+    let (base, used) = name_slots(tx, dir, rtype::DIRENT, name)?;
     for (_, value, _) in &used {
         if Dirent::decode(&tx.resolve(value)?)?.name == name {
             return fail(libc::EEXIST);

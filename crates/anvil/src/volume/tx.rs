@@ -147,10 +147,7 @@ impl<'a> Tx<'a> {
     pub fn resolve(&self, value: &Value) -> Step<Arc<Vec<u8>>> {
         match value {
             Value::Bytes(bytes) => Ok(bytes.clone()),
-            Value::Extent(extent) => match (!self.pinned_extents.is_empty())
-                .then(|| self.pinned_extents.get(extent))
-                .flatten()
-            {
+            Value::Extent(extent) => match self.pinned_extents.get(extent) {
                 Some(bytes) => Ok(bytes.clone()),
                 None => match self.volume.cache.extent(extent) {
                     Some(bytes) => Ok(bytes),
@@ -232,6 +229,8 @@ impl<'a> Tx<'a> {
             }
         }
         let nohistory = nohistory || self.volume.options.nohistory;
+        // A map's `get` skips hashing when it is empty, `remove` does not; most operations
+        // splice nothing.
         if !self.splices.is_empty() {
             self.splices.remove(&lk);
         }
