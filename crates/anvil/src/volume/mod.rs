@@ -377,6 +377,14 @@ pub struct Volume {
     /// Locality hints for the next commit: an object's data goes right after the data of
     /// the object named here (`set_locality`).
     locality: Mutex<HashMap<u64, u64>>,
+    /// The objects each hint group's data went to in the last commit that wrote some of it
+    /// (`order_by_locality`): a later commit that adds to the group takes them along
+    /// (`regroup`).
+    group_members: Mutex<HashMap<u64, Vec<u64>>>,
+    /// The stored bytes of the groups the last commit wrote last, by offset: a visit whose
+    /// files straddled that commit finds them here when the next commit adds the rest
+    /// (`regroup`), as Hummingbird's clusters waited in memory for their last members.
+    recent: Mutex<HashMap<u64, (ExtentRef, Stored)>>,
     /// Whether commits report their clusters (`track_clusters`), and those reported since
     /// the last `take_clusters`: the objects whose data each cluster run holds.
     clusters_wanted: AtomicBool,
@@ -393,6 +401,12 @@ pub struct Volume {
 const LOCALITY_HINTS_MAX: usize = 1 << 16;
 /// Most bytes of data one commit moves to join their locality groups (`regroup`).
 const REGROUP_BYTES_MAX: u64 = 8 << 20;
+/// A group's previous set moves along with the group's new data when it holds at most this
+/// many times the new data's bytes (`regroup`): moving it makes one read of what would be
+/// two, and the bound keeps what a commit rewrites to a fraction of what it writes anyway.
+const REGROUP_PREVIOUS_RATIO: u64 = 4;
+/// Files remembered per hint group (`group_members`): a cluster window of 4 KiB files.
+const GROUP_MEMBERS_MAX: usize = (CLUSTER_WINDOW_BYTES / BLOCK_BYTES) as usize;
 
 /// Clusters kept for `take_clusters` at most; past this, the oldest are dropped (they
 /// only group files for eviction).
@@ -446,6 +460,8 @@ struct Counters {
     commits: (AtomicU64, AtomicU64),
     throttled: (AtomicU64, AtomicU64),
     log_waits: (AtomicU64, AtomicU64),
+    /// Files commits moved to join their locality group (`regroup`), and their bytes.
+    regrouped: (AtomicU64, AtomicU64),
 }
 
 impl Counters {
@@ -681,6 +697,8 @@ impl Volume {
             counters: Counters::default(),
             shadow,
             locality: Mutex::new(HashMap::new()),
+            group_members: Mutex::new(HashMap::new()),
+            recent: Mutex::new(HashMap::new()),
             clusters_wanted: AtomicBool::new(false),
             commit_requested: AtomicBool::new(false),
             clusters: Mutex::new(Vec::new()),
@@ -1003,6 +1021,8 @@ impl Volume {
             ("throttled_ms", millis(&c.throttled)),
             ("log_waits", c.log_waits.0.load(Ordering::Relaxed)),
             ("log_wait_ms", millis(&c.log_waits)),
+            ("regrouped_files", c.regrouped.0.load(Ordering::Relaxed)),
+            ("regrouped_mib", c.regrouped.1.load(Ordering::Relaxed) >> 20),
         ]
     }
     pub(crate) fn loader(&self) -> Loader<'_> {
@@ -1894,18 +1914,17 @@ impl Volume {
     /// from the chunk buffers.
     fn write_extents(&self, mutations: &mut [Mutation], data: Vec<(usize, Stored)>) -> Result<()> {
         static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
-        let (data, groups) = self.order_by_locality(mutations, data);
+        let (data, groups, keep) = self.order_by_locality(mutations, data);
+        let mut recent = HashMap::new();
         let mut placed: Vec<(u64, u64, &Stored)> = Vec::with_capacity(data.len());
-        let sizes: Vec<u64> = data
-            .iter()
-            .map(|(_, stored)| (stored.bytes().len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
-            .collect();
+        let sizes: Vec<u64> = data.iter().map(|(_, s)| s.allocated_bytes()).collect();
         let (offsets, runs) = self.place_clustered(&sizes)?;
         if self.clusters_wanted.load(Ordering::Relaxed) {
             self.report_clusters(mutations, &data, &runs);
         }
         let sets = locality_sets(&offsets, &sizes, &groups, &runs);
-        for (((index, stored), offset), set) in data.iter().zip(offsets).zip(sets) {
+        for ((((index, stored), offset), set), keep) in data.iter().zip(offsets).zip(sets).zip(keep)
+        {
             let bytes = stored.bytes();
             let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
             // A moved extent was never counted as pending.
@@ -1939,8 +1958,12 @@ impl Volume {
             // The chunk is at hand decoded: a read or a partial overwrite soon after the
             // commit (the common case) finds it without reading the device.
             self.cache.insert_extent(extent, stored.value.clone());
+            if keep {
+                recent.insert(offset, (extent, stored.clone()));
+            }
             placed.push((offset, allocated, stored));
         }
+        *self.recent.lock() = recent;
         let mut start = 0;
         while start < placed.len() {
             let mut end = start + 1;
@@ -2101,6 +2124,12 @@ impl Volume {
     /// changes are left alone (their own changes place them), as are files of several
     /// chunks, and a group already read in one request. A file named by a hint before it
     /// has data keeps its hint for the commit that writes it.
+    ///
+    /// A group this commit adds data to also takes along the files its earlier commits
+    /// placed (`group_members`: a page whose first visit straddled two commits, or whose
+    /// images changed since), when those are cached and hold at most
+    /// `REGROUP_PREVIOUS_RATIO` times the new bytes, all within one cluster window: the
+    /// group is read in one request again, for a bounded share of rewritten bytes.
     fn regroup(
         &self,
         old_root: &RootRef,
@@ -2112,7 +2141,9 @@ impl Volume {
         // not fail for want of space because of a move, and a volume that runs nearly full
         // (a cache directory evicting) has its free space in pieces.
         let free = self.space.free_bytes();
-        if free < self.space.data_bytes() / 4 || self.locality.lock().is_empty() {
+        if free < self.space.data_bytes() / 4
+            || (self.locality.lock().is_empty() && self.group_members.lock().is_empty())
+        {
             return;
         }
         // Files whose data this commit changes (an inode's times changing moves nothing).
@@ -2132,11 +2163,11 @@ impl Volume {
             .collect();
         let hints = self.locality.lock();
         let group_of = |obj: u64| hints.get(&obj).copied().unwrap_or(obj);
-        // Each group's files on the device, and whether the group has data in this commit.
-        let mut groups: HashMap<u64, (Vec<u64>, bool)> = HashMap::new();
-        for (index, _) in data.iter() {
+        // Each group's hinted files on the device, and the bytes of its data in this commit.
+        let mut groups: HashMap<u64, (Vec<u64>, u64)> = HashMap::new();
+        for (index, stored) in data.iter() {
             let group = group_of(mutations[*index].key().obj);
-            groups.entry(group).or_default().1 = true;
+            groups.entry(group).or_default().1 += stored.allocated_bytes();
         }
         for (&obj, &group) in hints.iter() {
             if !changed.contains(&obj) {
@@ -2144,62 +2175,113 @@ impl Volume {
             }
         }
         drop(hints);
+        let mut previous = self.group_members.lock();
         let mut room = (free / 16).min(REGROUP_BYTES_MAX);
         let mut settled: Vec<u64> = Vec::new();
+        let mut joined: Vec<(u64, u64)> = Vec::new();
         // A group's first file may be hinted into another group: it moves once.
         let mut seen: HashSet<u64> = HashSet::new();
         for (group, (mut members, fresh)) in groups {
             if !changed.contains(&group) {
                 members.push(group);
             }
-            let mut found: Vec<(Key, ExtentRef)> = Vec::with_capacity(members.len());
-            for obj in members {
-                if !seen.insert(obj) {
-                    continue;
-                }
-                match self.lone_extent(old_root, obj) {
-                    // Not written yet: the hint waits for the commit that writes it.
-                    Ok(None) => {}
-                    Ok(Some(extent)) => {
-                        if extent.is_none() {
-                            settled.push(obj);
-                        }
-                        found.extend(extent);
-                    }
-                    Err(e) => {
-                        log::debug!("regroup: object {obj}: {e}");
-                        settled.push(obj);
+            let mut found = self.movable_extents(old_root, &members, &mut seen, &mut settled);
+            let mut along = Vec::new();
+            if fresh > 0 {
+                if let Some(earlier) = previous.get_mut(&group) {
+                    earlier.retain(|obj| !changed.contains(obj));
+                    along = self.movable_extents(old_root, earlier, &mut seen, &mut Vec::new());
+                    // Files deleted, grown past one extent or claimed by another group's
+                    // hint leave the group's record.
+                    *earlier = along.iter().map(|(key, _)| key.obj).collect();
+                    let bytes = |found: &[(Key, ExtentRef)]| -> u64 {
+                        found.iter().map(|(_, e)| e.allocated_bytes()).sum()
+                    };
+                    let moved = bytes(&along);
+                    if moved > fresh * REGROUP_PREVIOUS_RATIO
+                        || fresh + moved + bytes(&found) > CLUSTER_WINDOW_BYTES
+                    {
+                        along.clear();
                     }
                 }
             }
             let reads: HashSet<(u64, u64)> = found
                 .iter()
+                .chain(&along)
                 .map(|(_, e)| e.set_span().unwrap_or((e.offset, e.allocated_bytes())))
                 .collect();
-            if reads.len() + usize::from(fresh) < 2 {
+            if reads.len() + usize::from(fresh > 0) < 2 {
                 settled.extend(found.iter().map(|(key, _)| key.obj));
                 continue;
             }
+            let hinted = found.len();
+            found.append(&mut along);
             // A moved file's hint places it in the group (`order_by_locality` drops it).
-            for (key, extent) in found {
+            for (at, (key, extent)) in found.into_iter().enumerate() {
                 let stored = match extent.allocated_bytes() <= room {
                     true => self.cached_stored(&extent),
                     false => None,
                 };
                 let Some(stored) = stored else {
-                    settled.push(key.obj);
+                    if at < hinted {
+                        settled.push(key.obj);
+                    }
                     continue;
                 };
                 room -= extent.allocated_bytes();
+                self.counters.regrouped.0.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .regrouped
+                    .1
+                    .fetch_add(extent.allocated_bytes(), Ordering::Relaxed);
+                if at >= hinted {
+                    joined.push((key.obj, group));
+                }
                 data.push((mutations.len(), stored));
                 // The payload is filled in once the extent is placed.
                 mutations.push(Mutation::Relocate(key, Payload::Inline(Vec::new())));
             }
         }
+        drop(previous);
         let mut hints = self.locality.lock();
         for obj in settled {
             hints.remove(&obj);
         }
+        hints.extend(joined);
+    }
+
+    /// The extents of `objects` (each the one movable extent of an object not yet `seen`)
+    /// in the committed tree. Objects found with no data are left out, as are objects
+    /// whose data is not one movable extent or cannot be read; those two also go to
+    /// `unmovable`.
+    fn movable_extents(
+        &self,
+        root: &RootRef,
+        objects: &[u64],
+        seen: &mut HashSet<u64>,
+        unmovable: &mut Vec<u64>,
+    ) -> Vec<(Key, ExtentRef)> {
+        let mut found = Vec::with_capacity(objects.len());
+        for &obj in objects {
+            if !seen.insert(obj) {
+                continue;
+            }
+            match self.lone_extent(root, obj) {
+                // Not written yet: the hint waits for the commit that writes it.
+                Ok(None) => {}
+                Ok(Some(extent)) => {
+                    if extent.is_none() {
+                        unmovable.push(obj);
+                    }
+                    found.extend(extent);
+                }
+                Err(e) => {
+                    log::debug!("regroup: object {obj}: {e}");
+                    unmovable.push(obj);
+                }
+            }
+        }
+        found
     }
 
     /// The one extent holding all of `obj`'s data in the committed tree, if its data is
@@ -2246,6 +2328,11 @@ impl Volume {
     /// An extent's stored bytes from the cache (its set's bytes, or its decoded bytes
     /// encoded again), verified; None when neither is cached. Never reads the device.
     fn cached_stored(&self, extent: &ExtentRef) -> Option<Stored> {
+        if let Some((written, stored)) = self.recent.lock().get(&extent.offset) {
+            if written == extent {
+                return Some(stored.clone());
+            }
+        }
         if let Some((start, len)) = extent.set_span() {
             if let Some(set) = self.cache.peek_set(start, len) {
                 let stored = set_member(extent, start, &set)?;
@@ -2303,16 +2390,19 @@ impl Volume {
     /// Orders the extents a commit writes by (locality group, key): without hints, key
     /// order (objects in creation order, each object's chunks in file order); a hinted
     /// object's data follows its group's first object. Beside each extent, its group when
-    /// that holds more than one object named together by hints (0: none).
+    /// that holds more than one object named together by hints (0: none), and whether it
+    /// belongs to one of the groups written last (the newest objects), which the next
+    /// commit may add to (`recent`).
     fn order_by_locality(
         &self,
         mutations: &[Mutation],
         data: Vec<(usize, Stored)>,
-    ) -> (Vec<(usize, Stored)>, Vec<u64>) {
+    ) -> (Vec<(usize, Stored)>, Vec<u64>, Vec<bool>) {
         let mut hints = self.locality.lock();
         if hints.is_empty() {
             let groups = vec![0; data.len()];
-            return (data, groups);
+            let recent = vec![false; data.len()];
+            return (data, groups, recent);
         }
         // (group, object, position) beside each extent.
         type Keyed = ((u64, u64, usize), (usize, Stored));
@@ -2332,23 +2422,54 @@ impl Volume {
         keyed.sort_unstable_by_key(|(order, _)| *order);
         // A group is a locality set where a hint joined two objects in it.
         let mut groups: Vec<u64> = keyed.iter().map(|((group, _, _), _)| *group).collect();
+        let mut members = self.group_members.lock();
         let mut start = 0;
         while start < keyed.len() {
             let group = groups[start];
             let end = start + groups[start..].iter().take_while(|&&g| g == group).count();
-            let named = keyed[start..end]
-                .iter()
-                .any(|((group, obj, _), _)| obj != group)
-                && keyed[start..end]
-                    .iter()
-                    .any(|((_, obj, _), _)| *obj != keyed[start].0 .1);
+            let run = &keyed[start..end];
+            let hinted = run.iter().any(|((group, obj, _), _)| obj != group);
+            let named = hinted && run.iter().any(|((_, obj, _), _)| *obj != run[0].0 .1);
+            if hinted || members.contains_key(&group) {
+                remember_members(&mut members, group, run.iter().map(|((_, obj, _), _)| *obj));
+            }
             if !named {
                 groups[start..end].fill(0);
             }
             start = end;
         }
+        drop(members);
+        // The groups of the newest objects (ids grow with creation), newest first, whole.
+        let mut newest: Vec<(u64, u64)> = Vec::new(); // (newest object, group)
+        for ((group, obj, _), _) in &keyed {
+            match newest.last_mut() {
+                Some((top, g)) if g == group => *top = (*top).max(*obj),
+                _ => newest.push((*obj, *group)),
+            }
+        }
+        newest.sort_unstable_by(|a, b| b.cmp(a));
+        let mut bytes_of: HashMap<u64, u64> = HashMap::new();
+        for ((group, _, _), (_, stored)) in &keyed {
+            *bytes_of.entry(*group).or_default() += stored.allocated_bytes();
+        }
+        let mut kept: HashSet<u64> = HashSet::new();
+        // As much as a commit is let to gather before it is due (`wants_commit`): memory
+        // the pending budget already holds for data between commits.
+        let mut room = self.pending_bytes_max / 2;
+        for (_, group) in newest {
+            let bytes = bytes_of.get(&group).copied().unwrap_or(0);
+            if bytes > room {
+                break;
+            }
+            room -= bytes;
+            kept.insert(group);
+        }
+        let recent = keyed
+            .iter()
+            .map(|((group, _, _), _)| kept.contains(group))
+            .collect();
         let data = keyed.into_iter().map(|(_, extent)| extent).collect();
-        (data, groups)
+        (data, groups, recent)
     }
 
     /// Allocates space for extents of `sizes` (whole blocks, in the order they are written):
@@ -2846,6 +2967,8 @@ impl Volume {
         self.cache.clear();
         // What walks of the tree found goes too: the next read walks from the root.
         *self.state.lock().live_memo.get_mut() = LiveMemo::default();
+        // And the bytes the last commit wrote, kept for the next one's moves.
+        self.recent.lock().clear();
     }
 
     /// Visits every element of the committed tree (for `check` and tools).
@@ -2866,6 +2989,7 @@ impl Volume {
 pub(crate) type Step<T> = btree::Step<T>;
 
 /// An extent as it goes to the device: the pending chunk, and its compressed form if any.
+#[derive(Clone)]
 struct Stored {
     value: Arc<Vec<u8>>,
     /// (codec, compressed bytes); None stores `value` itself, with no copy.
@@ -2878,6 +3002,10 @@ impl Stored {
             Some((_, compressed)) => compressed,
             None => &self.value,
         }
+    }
+    /// The whole blocks the stored bytes take on the device.
+    fn allocated_bytes(&self) -> u64 {
+        (self.bytes().len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
     }
     #[expect(
         clippy::cast_possible_truncation,
@@ -2898,6 +3026,28 @@ impl Stored {
 /// What a written commit produced: the new root, the ranges it freed, its superblock, and
 /// the extents written ahead of it that it linked or freed.
 type CommitOutcome = (Root, Vec<(u64, u64)>, Superblock, Vec<ExtentRef>);
+
+/// Records where a hint group's data went in a commit: `objects` (in commit order, an
+/// object once per chunk) first, then the group's earlier files this commit left where
+/// they were, up to `GROUP_MEMBERS_MAX`. Past `LOCALITY_HINTS_MAX` groups, the record
+/// starts over (it only steers placement).
+fn remember_members(
+    members: &mut HashMap<u64, Vec<u64>>,
+    group: u64,
+    objects: impl Iterator<Item = u64>,
+) {
+    if members.len() >= LOCALITY_HINTS_MAX && !members.contains_key(&group) {
+        members.clear();
+    }
+    let mut now: Vec<u64> = Vec::new();
+    for obj in objects {
+        if now.last() != Some(&obj) {
+            now.push(obj);
+        }
+    }
+    now.truncate(GROUP_MEMBERS_MAX);
+    members.insert(group, now);
+}
 
 /// The stored bytes of `extent` in the bytes of its set, which begins at `start`; None when
 /// the set does not reach them.
