@@ -407,10 +407,45 @@ impl AlignedBuf {
 
 thread_local! {
     /// The aligned buffer a run of direct writes is joined in, kept per thread.
-    static JOIN_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    static JOIN_BUFFER: std::cell::RefCell<Option<JoinBuffer>> =
+        const { std::cell::RefCell::new(None) };
 }
 /// A join buffer larger than this is dropped after its run.
 const JOIN_KEEP_MAX: usize = 8 << 20;
+/// Transparent huge pages are this large (x86-64; arm64 with 4 KiB pages).
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// The memory a run of direct writes is joined in: anonymous pages the host may back with
+/// huge pages (`MADV_HUGEPAGE`, which hosts in THP's `madvise` mode need). A device request
+/// carries at most `max_segments` pieces of physically contiguous memory: a loop device
+/// (128 segments) cut the 4 KiB pages of a heap buffer into requests of 512 KiB or less,
+/// where huge pages fill its largest request (`max_sectors_kb`, 1280 KiB). The advice is
+/// only advice: a host that refuses it gives ordinary pages, and the writes are the same.
+struct JoinBuffer {
+    map: memmap2::MmapMut,
+    /// Where the first huge page boundary lies in `map`.
+    start: usize,
+}
+
+impl JoinBuffer {
+    fn with_capacity(len: usize) -> io::Result<JoinBuffer> {
+        let capacity = len.max(1).next_multiple_of(HUGE_PAGE_BYTES);
+        let map = memmap2::MmapMut::map_anon(capacity + HUGE_PAGE_BYTES)?;
+        let start = map.as_ptr().align_offset(HUGE_PAGE_BYTES);
+        if let Err(e) = map.advise_range(memmap2::Advice::HugePage, start, capacity) {
+            log::debug!("no huge pages for direct writes: {e}");
+        }
+        Ok(JoinBuffer { map, start })
+    }
+
+    fn capacity(&self) -> usize {
+        self.map.len() - HUGE_PAGE_BYTES
+    }
+
+    fn slice(&mut self, len: usize) -> &mut [u8] {
+        &mut self.map[self.start..self.start + len]
+    }
+}
 
 /// A `len`-byte, `DIRECT_ALIGN`-aligned slice of `scratch`, which grows as needed (a
 /// buffer kept between direct requests: the volume's run reads, this file's joined writes).
@@ -599,16 +634,19 @@ impl Device for FileDevice {
             // is the thread's, kept between runs: allocated per run, each megabyte came
             // fresh from the kernel, zeroed and faulted in page by page.
             let total: usize = bufs.iter().map(|b| b.len()).sum();
-            let mut scratch = JOIN_BUFFER.take();
-            let joined = aligned_scratch(&mut scratch, total);
+            let mut scratch = match JOIN_BUFFER.take() {
+                Some(kept) if kept.capacity() >= total => kept,
+                _ => JoinBuffer::with_capacity(total)?,
+            };
+            let joined = scratch.slice(total);
             let mut at = 0;
             for buf in bufs {
                 joined[at..at + buf.len()].copy_from_slice(buf);
                 at += buf.len();
             }
             let result = self.write_at(joined, offset);
-            if scratch.len() <= JOIN_KEEP_MAX {
-                JOIN_BUFFER.set(scratch);
+            if scratch.capacity() <= JOIN_KEEP_MAX {
+                JOIN_BUFFER.set(Some(scratch));
             }
             return result;
         }

@@ -81,6 +81,12 @@ fn shadow_ring_bytes(cache_bytes: u64) -> u64 {
 
 /// Longest merged extent read.
 const RUN_BYTES_MAX: u64 = 4 << 20;
+/// Longest run of extents a commit writes in one request: two of a device's largest
+/// requests (`max_sectors_kb`, 1280 KiB by default), so a run splits into whole ones. The
+/// buffer a run is joined in for O_DIRECT then stays allocated between commits; runs of up to
+/// 16 MiB allocated and dropped a buffer of 10 MiB at each commit, when its memory peaks (the
+/// proxy replay's library run was killed by its 256 MiB cgroup).
+const DATA_RUN_BYTES_MAX: u64 = 2560 << 10;
 /// Extents of at most this size are placed as clusters (`place_clustered`): the sizes the
 /// device reads around (`device::file`), so that one read brings a small file's mates.
 const CLUSTER_EXTENT_BYTES_MAX: u64 = 32 << 10;
@@ -1970,7 +1976,7 @@ impl Volume {
             let mut run_bytes = placed[start].1;
             while end < placed.len()
                 && placed[end - 1].0 + placed[end - 1].1 == placed[end].0
-                && run_bytes < 16 << 20
+                && run_bytes < DATA_RUN_BYTES_MAX
             {
                 run_bytes += placed[end].1;
                 end += 1;
