@@ -1788,7 +1788,7 @@ impl Volume {
                 ..sb
             },
         )?;
-        Ok((new_root, ctx.freed, sb, ahead))
+        Ok((new_root, std::mem::take(&mut ctx.freed), sb, ahead))
     }
 
     /// Makes a written tree durable: the space map as of after this commit, a barrier (the
@@ -2939,7 +2939,7 @@ impl Volume {
             &HashSet::new(),
             |sb| sb,
         )?;
-        let freed = ctx.freed;
+        let freed = std::mem::take(&mut ctx.freed);
         let mut st = self.state.lock();
         self.retire(&old_root, freed);
         st.root = Arc::new(RootRef {
