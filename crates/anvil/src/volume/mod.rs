@@ -2459,8 +2459,8 @@ impl Volume {
             *bytes_of.entry(*group).or_default() += stored.allocated_bytes();
         }
         let mut kept: HashSet<u64> = HashSet::new();
-        // As much as a commit is let to gather before it is due (`wants_commit`): memory
-        // the pending budget already holds for data between commits.
+        // As much as a commit gathers before it is due (`wants_commit`): the pending
+        // budget's scale, which a deployment sizes with the cache.
         let mut room = self.pending_bytes_max / 2;
         for (_, group) in newest {
             let bytes = bytes_of.get(&group).copied().unwrap_or(0);
