@@ -156,11 +156,6 @@ impl CommitContext<'_> {
         self.freed.push((child.address, NODE_BYTES as u64));
     }
 
-    /// Writes all pending node blocks, merging adjacent ones into single device writes of
-    /// at most `WRITE_RUN_BYTES_MAX`, and lets go of them: from here on they are read
-    /// through the cache or the device. Called when `FRESH_NODES_MAX` are pending and at
-    /// the end of the commit; a node written early and then discarded by the same commit
-    /// is freed with the rest (nothing refers to it).
     /// Where the next node goes: the arena's next address, from a new arena when free
     /// space is plentiful (a volume nearly full places its nodes one by one, wherever a
     /// block is free, as the space the commit may need is counted that way).
@@ -191,6 +186,11 @@ impl CommitContext<'_> {
         }
     }
 
+    /// Writes all pending node blocks, merging adjacent ones into single device writes of
+    /// at most `WRITE_RUN_BYTES_MAX`, and lets go of them: from here on they are read
+    /// through the cache or the device. Called when `FRESH_NODES_MAX` are pending and at
+    /// the end of the commit; a node written early and then discarded by the same commit
+    /// is freed with the rest (nothing refers to it).
     pub fn write_out(&mut self) -> Result<()> {
         // What the arena holds beyond the nodes built so far goes back before the commit
         // records its free space (this is called once more at the end of every commit).

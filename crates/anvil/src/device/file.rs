@@ -448,7 +448,8 @@ impl JoinBuffer {
 }
 
 /// A `len`-byte, `DIRECT_ALIGN`-aligned slice of `scratch`, which grows as needed (a
-/// buffer kept between direct requests: the volume's run reads, this file's joined writes).
+/// buffer kept between direct requests: the volume's run reads; joined writes have their
+/// own, `JoinBuffer`).
 pub(crate) fn aligned_scratch(scratch: &mut Vec<u8>, len: usize) -> &mut [u8] {
     if scratch.len() < len + DIRECT_ALIGN {
         *scratch = vec![0u8; len + DIRECT_ALIGN];
