@@ -159,9 +159,8 @@ impl CommitContext<'_> {
     /// Where the next node goes: the arena's next address, from a new arena when free
     /// space is plentiful. A volume with less than a quarter of its data area free places
     /// its nodes one by one, wherever a block is free, as before: a cache directory keeps
-    /// its volume about a tenth free, in pieces, and an arena there took the few long
-    /// ranges the next commit's chunks needed (a commit of the proxy's eviction test failed
-    /// for want of space).
+    /// its volume about a tenth free, in pieces, where an arena would take the few long
+    /// ranges a later commit's chunks need.
     fn node_address(&mut self) -> Result<u64> {
         if let Some(address) = self.arena.pop() {
             return Ok(address);
