@@ -1932,7 +1932,7 @@ impl Volume {
         for ((((index, stored), offset), set), keep) in data.iter().zip(offsets).zip(sets).zip(keep)
         {
             let bytes = stored.bytes();
-            let allocated = (bytes.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+            let allocated = stored.allocated_bytes();
             // A moved extent was never counted as pending.
             if !matches!(mutations[*index], Mutation::Relocate(..)) {
                 let counted = stored.logical_bytes() as u64 + 64;
