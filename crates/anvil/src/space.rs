@@ -27,9 +27,13 @@ pub struct Space {
 }
 
 struct Inner {
-    /// start -> length, coalesced, block aligned.
+    /// start -> length, coalesced, block aligned. Changed only through `insert_free` and
+    /// `remove_free`, which keep `room` with it.
     free: BTreeMap<u64, u64>,
     free_bytes: u64,
+    /// What the free ranges surely hold of pieces up to `PIECE_BYTES_MAX`, however sized
+    /// (`room_of`, summed).
+    room: u64,
     /// Next-fit cursor: consecutive allocations land side by side.
     cursor: u64,
     /// Freed by a durable commit, waiting for readers of an older root: start -> length.
@@ -86,6 +90,30 @@ impl Allocations {
     }
 }
 
+/// The largest piece a commit places whole: a data chunk (nodes are smaller; a cluster or
+/// the node arena that finds no range that long falls back to pieces).
+pub const PIECE_BYTES_MAX: u64 = crate::format::record::DATA_CHUNK_BYTES;
+
+/// Bytes of pieces of at most `PIECE_BYTES_MAX` that a free range of `len` bytes holds
+/// whatever their sizes: placed back to back, the range turns one away only when less than
+/// a piece is left, so it wastes less than `PIECE_BYTES_MAX` (in whole blocks).
+fn room_of(len: u64) -> u64 {
+    len.saturating_sub(PIECE_BYTES_MAX - BLOCK_BYTES)
+}
+
+impl Inner {
+    fn insert_free(&mut self, start: u64, len: u64) {
+        self.room += room_of(len);
+        self.free.insert(start, len);
+    }
+
+    fn remove_free(&mut self, start: u64) {
+        if let Some(len) = self.free.remove(&start) {
+            self.room -= room_of(len);
+        }
+    }
+}
+
 /// Who is asking: ordinary writes stop at the reserve, commits and maintenance may use it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Purpose {
@@ -103,6 +131,7 @@ impl Space {
             inner: Mutex::new(Inner {
                 free,
                 free_bytes: data_bytes,
+                room: room_of(data_bytes),
                 cursor: data_offset,
                 deferred: BTreeMap::new(),
                 provisional: BTreeMap::new(),
@@ -129,6 +158,7 @@ impl Space {
             let mut inner = space.inner.lock();
             inner.free.clear();
             inner.free_bytes = 0;
+            inner.room = 0;
             let mut end = data_offset;
             for &(start, bytes) in free {
                 if start < end
@@ -142,7 +172,7 @@ impl Space {
                         format!("bytes {start}..{}", start + bytes),
                     ));
                 }
-                inner.free.insert(start, bytes);
+                inner.insert_free(start, bytes);
                 inner.free_bytes += bytes;
                 end = start + bytes;
             }
@@ -237,6 +267,13 @@ impl Space {
     }
     pub fn free_bytes(&self) -> u64 {
         self.inner.lock().free_bytes
+    }
+    /// Bytes of pieces of at most `PIECE_BYTES_MAX` (extents and nodes) that the free space
+    /// surely takes, however it is cut up: less than `free_bytes` by up to a piece a free
+    /// range. A commit that places no more than this cannot fail for want of a long enough
+    /// range, where free bytes alone promise nothing once deletes have left them in holes.
+    pub fn room_bytes(&self) -> u64 {
+        self.inner.lock().room
     }
     pub fn used_bytes(&self) -> u64 {
         self.data_bytes() - self.free_bytes()
@@ -388,13 +425,13 @@ impl Space {
             .next_back()
             .expect("caller checked containment");
         debug_assert!(range_start <= start && start + bytes <= range_start + range_len);
-        inner.free.remove(&range_start);
+        inner.remove_free(range_start);
         if start > range_start {
-            inner.free.insert(range_start, start - range_start);
+            inner.insert_free(range_start, start - range_start);
         }
         let end = start + bytes;
         if end < range_start + range_len {
-            inner.free.insert(end, range_start + range_len - end);
+            inner.insert_free(end, range_start + range_len - end);
         }
         inner.free_bytes -= bytes;
     }
@@ -415,7 +452,7 @@ impl Space {
         if let Some((&s, &l)) = inner.free.range(..start).next_back() {
             assert!(s + l <= start, "double free at {start}");
             if s + l == start {
-                inner.free.remove(&s);
+                inner.remove_free(s);
                 new_start = s;
                 new_len += l;
             }
@@ -423,11 +460,11 @@ impl Space {
         if let Some((&s, &l)) = inner.free.range(start..).next() {
             assert!(start + bytes <= s, "double free at {start}");
             if start + bytes == s {
-                inner.free.remove(&s);
+                inner.remove_free(s);
                 new_len += l;
             }
         }
-        inner.free.insert(new_start, new_len);
+        inner.insert_free(new_start, new_len);
         inner.free_bytes += bytes;
     }
 }
@@ -505,6 +542,46 @@ mod tests {
             map,
             "deferred once, not also provisional"
         );
+    }
+
+    /// The room counter follows the free map through allocations, frees and merges, and
+    /// promises no more than a chunk-sized piece at a time can take.
+    #[test]
+    fn room_is_what_chunks_can_take() {
+        let block = BLOCK_BYTES;
+        let space = Space::new(0, 256 * block);
+        let expect = |space: &Space| {
+            let sum: u64 = space.free_ranges().iter().map(|(_, l)| room_of(*l)).sum();
+            assert_eq!(space.room_bytes(), sum);
+        };
+        assert_eq!(space.room_bytes(), 256 * block - (PIECE_BYTES_MAX - block));
+        // Every other block in use: as many free bytes as used, no room for a chunk.
+        let taken: Vec<u64> = (0..256)
+            .map(|_| space.allocate(block, Purpose::Metadata).unwrap())
+            .collect();
+        assert_eq!(space.room_bytes(), 0);
+        for &at in taken.iter().step_by(2) {
+            space.release(at, block);
+        }
+        expect(&space);
+        assert_eq!(space.free_bytes(), 128 * block);
+        assert_eq!(space.room_bytes(), 0);
+        assert!(space.allocate(PIECE_BYTES_MAX, Purpose::Metadata).is_err());
+        // Their neighbours go: the holes join, and chunks fit as promised.
+        for &at in taken.iter().skip(1).step_by(2).take(64) {
+            space.release(at, block);
+        }
+        expect(&space);
+        let room = space.room_bytes();
+        assert!(room > 0);
+        let mut placed = 0;
+        while placed + PIECE_BYTES_MAX <= room {
+            space.allocate(PIECE_BYTES_MAX, Purpose::Metadata).unwrap();
+            placed += PIECE_BYTES_MAX;
+            expect(&space);
+        }
+        let again = Space::with_free_ranges(0, 256 * block, &space.free_ranges()).unwrap();
+        assert_eq!(again.room_bytes(), space.room_bytes());
     }
 
     #[test]

@@ -189,3 +189,71 @@ fn metadata_fill_then_prune_everything_gives_the_space_back() {
     let report = anvil::check::check(fs.volume()).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// Free space in holes shorter than a chunk: small files fill the volume and every other
+/// one is deleted, so half the space comes back in holes between the rest. Data writes that
+/// the commit could not place whole fail with ENOSPC at the write (counted in what the holes
+/// surely hold), not at a commit that would stop the volume; the volume checks clean, and
+/// once the neighbours go too, a file of whole chunks fits.
+#[test]
+fn free_space_in_short_holes_refuses_chunks_at_the_write() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 16 << 20, "holes").unwrap();
+    let options = MountOptions {
+        cache_bytes: 32 << 20,
+        commit_interval_ms: 60_000,
+        ..Default::default()
+    };
+    let fs = Filesystem::open(device as Arc<dyn Device>, options).unwrap();
+    let mut files = 0u32;
+    loop {
+        match fs.write_file(&format!("/f{files:05}"), &noise(12 << 10, u64::from(files))) {
+            Ok(_) => files += 1,
+            Err(Error::NoSpace) => break,
+            Err(e) => panic!("file {files}: {e}"),
+        }
+    }
+    assert!(files > 500, "only {files} small files fit");
+    fs.sync().unwrap();
+    for i in (0..files).step_by(2) {
+        fs.remove_path(&format!("/f{i:05}")).unwrap();
+    }
+    fs.sync().unwrap();
+    fs.prune(None, true).unwrap();
+    fs.sync().unwrap();
+    let info = fs.info();
+    assert!(
+        info.data_bytes - info.used_bytes > 4 << 20,
+        "deletes freed too little: {info:?}"
+    );
+
+    // Files of less than a chunk wait in memory for the commit to place them.
+    let mut large = 0u32;
+    let error = loop {
+        match fs.write_file(&format!("/l{large:05}"), &noise(48 << 10, u64::from(large))) {
+            Ok(_) => large += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(error, Error::NoSpace), "{error:?}");
+    fs.sync().unwrap();
+    assert!(
+        !fs.volume().is_read_only(),
+        "a write the holes cannot take must not fail its commit"
+    );
+    assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
+
+    // The neighbours go: the holes join and whole chunks fit again.
+    for i in 0..large {
+        fs.remove_path(&format!("/l{i:05}")).unwrap();
+    }
+    for i in (1..files).step_by(2) {
+        fs.remove_path(&format!("/f{i:05}")).unwrap();
+    }
+    fs.sync().unwrap();
+    fs.prune(None, true).unwrap();
+    fs.sync().unwrap();
+    fs.write_file("/again", &noise(4 << 20, 7)).unwrap();
+    fs.sync().unwrap();
+    assert!(anvil::check::check(fs.volume()).unwrap().is_clean());
+}

@@ -35,6 +35,10 @@ const RETURN_EXPECTED: std::time::Duration = std::time::Duration::from_secs(2);
 const RETURN_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 const RETURN_WAIT_ROUNDS: u32 = 50;
 
+/// Evictions one write may run before it fails with ENOSPC: the space of evicted files can
+/// come back in holes too short for a chunk, until their neighbours go too.
+const EVICT_ATTEMPTS: u32 = 8;
+
 /// Node space one eviction may take at its commit: the leaves of the directory entry, of
 /// the file's records and of the directory's inode, each copied whole.
 const EVICT_NODE_BYTES: u64 = 3 * crate::format::NODE_BYTES as u64;
@@ -77,14 +81,19 @@ impl Filesystem {
         }
     }
 
-    /// Makes sure `new_bytes` can be written (for `writer`, 0 for a create): on a volume
-    /// with cache directories, evicts when space runs low (under the low mark, or not
-    /// enough for this write), and fails with ENOSPC only when that does not make room.
+    /// Makes sure `new_bytes` can be written (for `writer`, 0 for a create, whose inode
+    /// needs node space only; a write's data needs room for whole chunks): on a volume with
+    /// cache directories, evicts when space runs low (under the low mark, or not enough for
+    /// this write), and fails with ENOSPC only when that does not make room.
     pub(crate) fn ensure_space(&self, writer: u64, new_bytes: u64) -> Result<()> {
+        let check = |bytes| match writer {
+            0 => self.volume.check_space(bytes),
+            _ => self.volume.check_data_space(bytes),
+        };
         if !self.evicting.load(Ordering::Relaxed) {
-            return self.volume.check_space(new_bytes);
+            return check(new_bytes);
         }
-        let left = self.volume.space_left();
+        let left = self.volume.data_space_left();
         let low = self.volume.data_area_bytes() / LOW_MARK;
         // Above the low mark (every write but a few): nothing more to look at.
         if left >= new_bytes && left >= low {
@@ -97,30 +106,41 @@ impl Filesystem {
         if left >= new_bytes && left + coming >= low {
             return Ok(());
         }
-        match self.evict(writer, new_bytes) {
-            Ok(_) => {}
-            // Room for this write is what matters; a failed eviction is reported by the
-            // commit that follows, if it matters there.
-            Err(e) if left >= new_bytes => log::warn!("eviction failed: {e}"),
-            Err(e) => return Err(e),
-        }
-        // Evicted files come back with the next commit (the committer was asked for one
-        // soon), those the kernel held once it forgets them (at once: their names were
-        // invalidated) and a commit follows. A write that needs their space now commits,
-        // and waits for held ones, briefly.
-        for round in 0..=RETURN_WAIT_ROUNDS {
-            match self.volume.check_space(new_bytes) {
-                Err(Error::NoSpace) => {}
-                other => return other,
+        for attempt in 0..EVICT_ATTEMPTS {
+            let evicted = match self.evict(writer, new_bytes) {
+                Ok(evicted) => evicted,
+                // Room for this write is what matters; a failed eviction is reported by the
+                // commit that follows, if it matters there.
+                Err(e) if left >= new_bytes => {
+                    log::warn!("eviction failed: {e}");
+                    0
+                }
+                Err(e) => return Err(e),
+            };
+            // Evicted files come back with the next commit (the committer was asked for
+            // one soon), those the kernel held once it forgets them (at once: their names
+            // were invalidated) and a commit follows. A write that needs their space now
+            // commits, and waits for held ones, briefly.
+            for round in 0..=RETURN_WAIT_ROUNDS {
+                match check(new_bytes) {
+                    Err(Error::NoSpace) => {}
+                    other => return other,
+                }
+                let waiting = !self.evictable.lock().held.is_empty();
+                if round == RETURN_WAIT_ROUNDS || (round > 0 && !waiting) {
+                    break;
+                }
+                if waiting {
+                    std::thread::sleep(RETURN_WAIT);
+                }
+                self.volume.commit()?;
             }
-            let waiting = !self.evictable.lock().held.is_empty();
-            if round == RETURN_WAIT_ROUNDS || (round > 0 && !waiting) {
+            // The space came back in holes too short for whole chunks (evicted files
+            // whose neighbours stay): evict more, until their holes join.
+            if evicted == 0 {
                 break;
             }
-            if waiting {
-                std::thread::sleep(RETURN_WAIT);
-            }
-            self.volume.commit()?;
+            log::debug!("eviction {attempt} made too little room for chunks; evicting more");
         }
         Err(Error::NoSpace)
     }
@@ -132,7 +152,7 @@ impl Filesystem {
     pub(crate) fn evict(&self, writer: u64, new_bytes: u64) -> Result<u64> {
         let _one = self.evict_lock.lock();
         // Counted under the lock: another writer may have made room while this one waited.
-        let left = self.volume.space_left()
+        let left = self.volume.data_space_left()
             + self
                 .evictable
                 .lock()

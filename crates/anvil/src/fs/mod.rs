@@ -690,10 +690,9 @@ impl Filesystem {
         let usage = self.volume.usage();
         let blocks = usage.data_bytes / BLOCK_BYTES;
         let free = usage.free_bytes.saturating_sub(usage.pending_bytes) / BLOCK_BYTES;
-        let available = usage
-            .free_bytes
-            .saturating_sub(usage.pending_bytes.saturating_add(usage.reserve_bytes))
-            / BLOCK_BYTES;
+        // What writes of file data can still take (ENOSPC comes at that point), which
+        // counts free space in holes shorter than a chunk for less than its bytes.
+        let available = self.volume.data_space_left() / BLOCK_BYTES;
         #[expect(clippy::cast_possible_truncation, reason = "BLOCK_BYTES is 4 KiB")]
         let block_bytes = BLOCK_BYTES as u32;
         #[expect(clippy::cast_possible_truncation, reason = "NAME_BYTES_MAX is 255")]

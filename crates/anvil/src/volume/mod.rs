@@ -1486,19 +1486,43 @@ impl Volume {
         Ok(())
     }
 
+    /// `check_space` for `new_bytes` of file data, which the commit places as extents of up
+    /// to a chunk each: fails also when the free space, however many bytes it has, is in
+    /// holes too short to take them (`data_space_left`).
+    pub fn check_data_space(&self, new_bytes: u64) -> Result<()> {
+        if new_bytes > self.data_space_left() {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
     /// Bytes ordinary writes may still take: free space less the reserve and what pending
     /// changes will need when they are committed.
     pub fn space_left(&self) -> u64 {
-        let pending = {
-            let st = self.state.lock();
-            st.active.pending_bytes + self.frozen_unallocated.load(Ordering::Acquire)
-        };
         // Pending bytes also bound the node space a commit needs (~64 bytes per change,
         // counted in `pending_bytes`, copied up the tree).
         self.space
             .free_bytes()
             .saturating_sub(self.space.reserve_bytes())
-            .saturating_sub(pending)
+            .saturating_sub(self.pending_bytes())
+    }
+
+    /// Bytes of file data writes may still take: `space_left` counted in what the free
+    /// space surely holds of pieces as long as a chunk (`Space::room_bytes`, never more
+    /// than the free bytes), so that the reserve and every pending change's pieces are
+    /// placed too. Where deletes have left the free space in short holes, a write that
+    /// passed on free bytes alone would fail its commit, which stops the volume.
+    pub fn data_space_left(&self) -> u64 {
+        self.space
+            .room_bytes()
+            .saturating_sub(self.space.reserve_bytes())
+            .saturating_sub(self.pending_bytes())
+    }
+
+    /// What pending changes will need when they are committed, as counted for space.
+    fn pending_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        st.active.pending_bytes + self.frozen_unallocated.load(Ordering::Acquire)
     }
 
     /// Bytes kept back from ordinary writes so that deletes and commits work when full.
