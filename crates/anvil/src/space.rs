@@ -311,6 +311,31 @@ impl Space {
         Ok(offsets)
     }
 
+    /// Allocates `bytes` (rounded up to whole blocks) exactly at `start` if that range is
+    /// free: metadata that should lie right after something just written (a commit's space
+    /// map after its last nodes, written in the same request). False, changing nothing,
+    /// when any of it is in use.
+    pub fn allocate_at(&self, start: u64, bytes: u64) -> bool {
+        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let mut inner = self.inner.lock();
+        let Some(end) = start.checked_add(bytes) else {
+            return false;
+        };
+        let free = inner
+            .free
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(s, l)| end <= s + l);
+        if !free || start % BLOCK_BYTES != 0 {
+            return false;
+        }
+        Self::take(&mut inner, start, bytes);
+        inner.cursor = end;
+        #[cfg(debug_assertions)]
+        inner.allocated.insert(start, bytes);
+        true
+    }
+
     /// Takes `bytes` (whole blocks) from the free map, next fit from the cursor: the range
     /// the cursor is in if it has room, else the first range after it that fits, else the
     /// first that fits anywhere.

@@ -146,10 +146,18 @@ impl CommitContext<'_> {
     }
 
     /// Takes a child out of the tree being built: a node written by this commit is dropped
-    /// before it reaches the device, an older one is freed with the old root.
+    /// before it reaches the device and its address goes to the next node this commit
+    /// writes (merging with a neighbour rewrites nodes the commit has just built; freed,
+    /// each left a hole in the commit's run of nodes, and a write request more on each
+    /// side of it). An older one is freed with the old root.
     fn discard(&mut self, child: &Child) {
         if self.fresh.remove(&child.address).is_some() {
             self.writes.retain(|address| *address != child.address);
+            // In no tree, old or new, and not on the device: the cache's copy is replaced
+            // by the node that takes the address, or dropped with the arena.
+            self.loader.cache.remove_node(child.address);
+            self.arena.push(child.address);
+            return;
         }
         // Cached until the new root is published (`Volume::retire`): readers of the old
         // root still walk it.
@@ -195,6 +203,17 @@ impl CommitContext<'_> {
     /// the end of the commit; a node written early and then discarded by the same commit
     /// is freed with the rest (nothing refers to it).
     pub fn write_out(&mut self) -> Result<()> {
+        self.write_runs(false).map(|_| ())
+    }
+
+    /// `write_out` at the end of a commit, but the last run of nodes is handed back
+    /// unwritten, (its address, its bytes): the commit writes its space map in the same
+    /// request when the map can go right after it.
+    pub fn write_out_but_tail(&mut self) -> Result<Option<(u64, Vec<u8>)>> {
+        self.write_runs(true)
+    }
+
+    fn write_runs(&mut self, keep_tail: bool) -> Result<Option<(u64, Vec<u8>)>> {
         // What the arena holds beyond the nodes built so far goes back before the commit
         // records its free space (this is called once more at the end of every commit).
         self.release_arena();
@@ -222,10 +241,14 @@ impl CommitContext<'_> {
             run.extend_from_slice(&node.encode(self.loader.volume_id, self.tid, address));
             self.nodes_written += 1;
         }
-        if !run.is_empty() {
-            self.loader.device.write_at(&run, run_start)?;
+        if run.is_empty() {
+            return Ok(None);
         }
-        Ok(())
+        if keep_tail {
+            return Ok(Some((run_start, run)));
+        }
+        self.loader.device.write_at(&run, run_start)?;
+        Ok(None)
     }
 }
 

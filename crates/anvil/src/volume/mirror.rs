@@ -14,7 +14,7 @@
 //! stream's `until`: every as-of view of the range reads the same on both. Its mirror
 //! state (master, last TID held) is a CONFIG record no stream carries.
 
-use super::{max_key, State, Volume};
+use super::{max_key, State, Volume, Written};
 use crate::btree::commit::{apply, CommitContext, Mutation};
 use crate::btree::{self, Change, Root};
 use crate::error::{Error, Result};
@@ -821,7 +821,10 @@ impl Volume {
             previous,
             new_root,
             tid,
-            &HashSet::new(),
+            Written {
+                committing: &HashSet::new(),
+                tail: None,
+            },
             |sb| Superblock {
                 committed_tid: tid,
                 next_tid: previous.next_tid.max(tid + 1),

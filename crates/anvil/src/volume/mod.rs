@@ -1788,7 +1788,7 @@ impl Volume {
 
         let mut ctx = CommitContext::new(self.loader(), &self.space, tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
-        ctx.write_out()?;
+        let tail = ctx.write_out_but_tail()?;
         // Extents written ahead of the commit that the group replaced before it: never in
         // any tree, free once this commit is durable (a reader may hold one, as any freed
         // extent, until it lets go of the root it read under).
@@ -1801,7 +1801,10 @@ impl Volume {
             &previous,
             new_root,
             tid,
-            &committing,
+            Written {
+                committing: &committing,
+                tail,
+            },
             |sb| Superblock {
                 committed_tid: tid,
                 next_tid: previous.next_tid.max(tid + 1),
@@ -1819,18 +1822,17 @@ impl Volume {
     /// tree and map before the superblock; a flush where the device orders no other way),
     /// then the superblock `make` finishes from the previous one with the new root and map
     /// filled in, and a flush.
-    /// `committing` names (by offset) the extents written ahead of this commit that it
-    /// links or frees; the map counts every other such extent as free.
+    /// `written` says what the map must know of the commit's writes (`Written`).
     fn publish(
         &self,
         freed: &mut Vec<(u64, u64)>,
         previous: &Superblock,
         new_root: Root,
         tid: u64,
-        committing: &HashSet<u64>,
+        written: Written<'_>,
         make: impl FnOnce(Superblock) -> Superblock,
     ) -> Result<Superblock> {
-        let map = self.write_space_map(previous, freed, tid, committing)?;
+        let map = self.write_space_map(previous, freed, tid, written)?;
         self.device.barrier()?;
         let sb = make(Superblock {
             seq: previous.seq + 1,
@@ -1901,8 +1903,9 @@ impl Volume {
         previous: &Superblock,
         freed: &mut Vec<(u64, u64)>,
         tid: u64,
-        committing: &HashSet<u64>,
+        written: Written<'_>,
     ) -> Result<SpaceMapPlace> {
+        let Written { committing, tail } = written;
         if previous.space_map_address != 0 {
             freed.push((previous.space_map_address, previous.space_map_bytes));
         }
@@ -1912,8 +1915,13 @@ impl Volume {
         // of KiB free in 4 KiB pieces).
         let node_round = |b: u64| b.div_ceil(NODE_BYTES as u64) * NODE_BYTES as u64;
         let mut bytes = node_round(previous.space_map_bytes.max(BLOCK_BYTES));
+        // Right after the commit's last nodes where that is free, written with them.
+        let tail_end = tail.as_ref().map(|(start, run)| start + run.len() as u64);
         loop {
-            let address = self.space.allocate(bytes, Purpose::Metadata)?;
+            let address = match tail_end {
+                Some(end) if self.space.allocate_at(end, bytes) => end,
+                _ => self.space.allocate(bytes, Purpose::Metadata)?,
+            };
             let ranges = match self.space.persisted_free(freed, committing) {
                 Ok(ranges) => ranges,
                 Err(e) => {
@@ -1925,7 +1933,16 @@ impl Volume {
             let needed = spacemap::block_bytes_for(payload.len());
             if needed <= bytes {
                 let block = spacemap::seal(&payload, self.volume_id, tid, address, bytes);
-                self.device.write_at(&block, address)?;
+                match &tail {
+                    Some((start, run)) if Some(address) == tail_end => {
+                        self.device.write_vectored_at(&[run, &block], *start)?;
+                    }
+                    Some((start, run)) => {
+                        self.device.write_at(run, *start)?;
+                        self.device.write_at(&block, address)?;
+                    }
+                    None => self.device.write_at(&block, address)?,
+                }
                 let free: u64 = ranges.iter().map(|(_, l)| l).sum();
                 return Ok(SpaceMapPlace {
                     address,
@@ -2952,7 +2969,7 @@ impl Volume {
         let previous = self.state.lock().superblock.clone();
         let mut ctx = CommitContext::new(self.loader(), &self.space, previous.committed_tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
-        ctx.write_out()?;
+        let tail = ctx.write_out_but_tail()?;
         step.nodes_written = ctx.nodes_written;
         let tid = previous.committed_tid;
         let sb = self.publish(
@@ -2960,7 +2977,10 @@ impl Volume {
             &previous,
             new_root,
             tid,
-            &HashSet::new(),
+            Written {
+                committing: &HashSet::new(),
+                tail,
+            },
             |sb| sb,
         )?;
         let freed = std::mem::take(&mut ctx.freed);
@@ -3192,6 +3212,15 @@ pub fn extent_location(extent: &ExtentRef) -> String {
 thread_local! {
     /// The buffer merged extent runs are read into, kept per thread between reads.
     static RUN_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// What a commit has written that its space map must know of: the extents written ahead of
+/// it that it links or frees (by offset; the map counts every other such extent free), and
+/// its last run of nodes, not yet written, (address, bytes): the map goes right after it
+/// where that is free, in the same request.
+pub(crate) struct Written<'a> {
+    pub committing: &'a HashSet<u64>,
+    pub tail: Option<(u64, Vec<u8>)>,
 }
 
 /// Where a commit put its space map.
