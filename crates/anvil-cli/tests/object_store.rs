@@ -37,8 +37,16 @@ fn write_synced(path: &Path, bytes: &[u8]) {
 }
 
 fn umount(dir: &Path) {
-    let status = Command::new("umount").arg(dir).status().unwrap();
-    assert!(status.success(), "umount {}", dir.display());
+    let unmounted = common::umount_waiting_while_busy(dir, |args| {
+        let out = Command::new("umount").args(args).output().unwrap();
+        common::CommandOutput {
+            command: format!("umount {}", dir.display()),
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    });
+    assert!(unmounted, "umount {}", dir.display());
     // The daemon releases the volume as it exits.
     let deadline = Instant::now() + Duration::from_secs(20);
     while common::daemon_pid(dir).is_some() && Instant::now() < deadline {

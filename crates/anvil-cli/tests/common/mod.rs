@@ -336,17 +336,7 @@ impl Mount {
 
     /// `umount`, retried for 5 s while the mount is busy (a client finishing a call).
     fn unmount_waiting_while_busy(&self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let out = self.run("umount", "umount", &[self.mountpoint.as_os_str()]);
-            if out.status.success() {
-                return true;
-            }
-            if Instant::now() >= deadline || !out.mentions_busy() {
-                return false;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
+        umount_waiting_while_busy(&self.mountpoint, |args| self.run("umount", "umount", args))
     }
 
     /// Runs `anvil check IMAGE` once (the volume should not be mounted).
@@ -549,6 +539,24 @@ impl Drop for Mount {
         for pid in daemon_pids(&self.image) {
             kill_with_keeper(pid);
         }
+    }
+}
+
+/// `umount DIR` through `run`, retried for 5 s while the mount is busy (a client finishing
+/// a call; under load, a process of another test forked while it held a file of the mount
+/// open, before its exec closed it). True once it succeeds.
+pub fn umount_waiting_while_busy(dir: &Path, run: impl Fn(&[&OsStr]) -> CommandOutput) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = run(&[dir.as_os_str()]);
+        if out.status.success() {
+            return true;
+        }
+        if Instant::now() >= deadline || !out.mentions_busy() {
+            eprintln!("{out}");
+            return false;
+        }
+        thread::sleep(Duration::from_millis(100));
     }
 }
 
