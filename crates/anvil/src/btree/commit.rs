@@ -146,18 +146,10 @@ impl CommitContext<'_> {
     }
 
     /// Takes a child out of the tree being built: a node written by this commit is dropped
-    /// before it reaches the device and its address goes to the next node this commit
-    /// writes (merging with a neighbour rewrites nodes the commit has just built; freed,
-    /// each left a hole in the commit's run of nodes, and a write request more on each
-    /// side of it). An older one is freed with the old root.
+    /// before it reaches the device, an older one is freed with the old root.
     fn discard(&mut self, child: &Child) {
         if self.fresh.remove(&child.address).is_some() {
             self.writes.retain(|address| *address != child.address);
-            // In no tree, old or new, and not on the device: the cache's copy is replaced
-            // by the node that takes the address, or dropped with the arena.
-            self.loader.cache.remove_node(child.address);
-            self.arena.push(child.address);
-            return;
         }
         // Cached until the new root is published (`Volume::retire`): readers of the old
         // root still walk it.

@@ -136,8 +136,10 @@ impl Filesystem {
                 self.volume.commit()?;
             }
             // The space came back in holes too short for whole chunks (evicted files
-            // whose neighbours stay): evict more, until their holes join.
-            if evicted == 0 {
+            // whose neighbours stay): evict more, until their holes join. (A first
+            // eviction may delete nothing, counting on space still to come back that then
+            // came back in such holes: the next one counts without it.)
+            if evicted == 0 && attempt > 0 {
                 break;
             }
             log::debug!("eviction {attempt} made too little room for chunks; evicting more");

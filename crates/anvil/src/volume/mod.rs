@@ -1933,12 +1933,18 @@ impl Volume {
             let needed = spacemap::block_bytes_for(payload.len());
             if needed <= bytes {
                 let block = spacemap::seal(&payload, self.volume_id, tid, address, bytes);
-                match &tail {
-                    Some((start, run)) if Some(address) == tail_end => {
-                        self.device.write_vectored_at(&[run, &block], *start)?;
+                match tail {
+                    // One buffer, as the nodes alone were written (the thread's join
+                    // buffer, sized for data runs, would grow for this and stay grown).
+                    Some((start, mut run)) if Some(address) == tail_end => {
+                        // Exactly: a run of a few MiB doubled for a map of a few KiB
+                        // would hold twice its memory at the moment the commit peaks.
+                        run.reserve_exact(block.len());
+                        run.extend_from_slice(&block);
+                        self.device.write_at(&run, start)?;
                     }
                     Some((start, run)) => {
-                        self.device.write_at(run, *start)?;
+                        self.device.write_at(&run, start)?;
                         self.device.write_at(&block, address)?;
                     }
                     None => self.device.write_at(&block, address)?,
