@@ -112,6 +112,14 @@ impl Inner {
             self.room -= room_of(len);
         }
     }
+
+    /// Whether one free range holds all of `[start, end)`.
+    fn holds(&self, start: u64, end: u64) -> bool {
+        self.free
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(s, l)| *s <= start && end <= s + l)
+    }
 }
 
 /// Who is asking: ordinary writes stop at the reserve, commits and maintenance may use it.
@@ -321,12 +329,7 @@ impl Space {
         let Some(end) = start.checked_add(bytes) else {
             return false;
         };
-        let free = inner
-            .free
-            .range(..=start)
-            .next_back()
-            .is_some_and(|(s, l)| end <= s + l);
-        if !free || start % BLOCK_BYTES != 0 {
+        if !inner.holds(start, end) || start % BLOCK_BYTES != 0 {
             return false;
         }
         Self::take(&mut inner, start, bytes);
@@ -420,13 +423,7 @@ impl Space {
         // A hostile extent address near u64::MAX must fail here, not wrap past the check.
         let end = start.checked_add(bytes);
         let mut inner = self.inner.lock();
-        let contains = end.is_some_and(|end| {
-            inner
-                .free
-                .range(..=start)
-                .next_back()
-                .is_some_and(|(s, l)| *s <= start && end <= s + l)
-        });
+        let contains = end.is_some_and(|end| inner.holds(start, end));
         if !contains || start % BLOCK_BYTES != 0 {
             return Err(Error::corrupt(
                 "space referenced twice or outside the data area",
