@@ -483,13 +483,14 @@ fn damaged_chunk(
 }
 
 /// A test device over memory that counts the reads touching `watch` (every read when
-/// None), and whose next flush, once `armed`, waits for `release` (a commit held after it
+/// None) and all write requests, and whose next flush, once `armed`, waits for `release` (a commit held after it
 /// wrote its nodes, before it is published).
 #[derive(Default)]
 struct Probe {
     inner: MemDevice,
     watch: Option<std::ops::Range<u64>>,
     reads: std::sync::atomic::AtomicU64,
+    writes: std::sync::atomic::AtomicU64,
     armed: std::sync::atomic::AtomicBool,
     state: std::sync::Mutex<(bool, bool)>, // (a flush is held, released)
     changed: std::sync::Condvar,
@@ -532,6 +533,8 @@ impl Device for Probe {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> std::io::Result<()> {
@@ -594,6 +597,46 @@ fn nodes_a_commit_replaces_stay_cached_until_it_is_published() {
     for name in &names {
         fs.getattr(fs.resolve(name).unwrap()).unwrap();
     }
+    fs.close().unwrap();
+}
+
+/// A commit that empties most of its leaves merges them, dropping nodes it has just built
+/// beside the ones it keeps; its nodes still go to the device in one request (with its
+/// space map, and its superblock: two requests, three if its nodes took two arenas): the blocks of the dropped nodes are written
+/// over instead of splitting the run into a request per piece.
+#[test]
+fn a_commit_that_drops_nodes_it_built_writes_them_in_one_run() {
+    use std::sync::atomic::Ordering;
+    let device = Arc::new(Probe::default());
+    Filesystem::mkfs(device.clone(), 64 << 20, "runs").unwrap();
+    let fs = Filesystem::open(
+        device.clone() as Arc<dyn Device>,
+        MountOptions {
+            nohistory: true,
+            ..options()
+        },
+    )
+    .unwrap();
+    fs.mkdir_path("/d").unwrap();
+    let names: Vec<String> = (0..3000).map(|i| format!("/d/file-{i:05}")).collect();
+    for name in &names {
+        fs.write_file(name, name.as_bytes()).unwrap();
+    }
+    fs.sync().unwrap();
+    // Four of every five names go: every leaf is left under a third full.
+    for (i, name) in names.iter().enumerate() {
+        if i % 5 != 0 {
+            fs.remove_path(name).unwrap();
+        }
+    }
+    let before = device.writes.load(Ordering::Relaxed);
+    fs.sync().unwrap();
+    let requests = device.writes.load(Ordering::Relaxed) - before;
+    assert!(requests <= 3, "{requests} write requests for one commit");
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(fs.resolve(name).is_ok(), i % 5 == 0, "{name}");
+    }
+    assert_clean(&fs);
     fs.close().unwrap();
 }
 

@@ -15,7 +15,7 @@ use crate::format::node::{Node, CHILD_ENTRY_BYTES, LEVEL_MAX, NODE_PAYLOAD_BYTES
 use crate::format::record::{Element, Key, Payload};
 use crate::format::NODE_BYTES;
 use crate::space::{Purpose, Space};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -80,6 +80,10 @@ pub struct CommitContext<'a> {
     /// Nodes this commit built and has not written yet, by address: the bounded cache may
     /// already have dropped them.
     fresh: HashMap<u64, Arc<Node>>,
+    /// Addresses of nodes this commit built and dropped before writing them: no tree refers
+    /// to them and they stay out of the allocator until the commit is durable (they go with
+    /// `freed`), so `write_runs` may write filler over them to join the runs on each side.
+    dropped: HashSet<u64>,
     /// Addresses taken in one free range for the nodes this commit builds next, highest
     /// first (`node_address`): a commit's nodes then lie side by side and go out in one
     /// request, where nodes taken one by one filled the small holes that deleted files
@@ -101,6 +105,7 @@ impl<'a> CommitContext<'a> {
             writes: Vec::new(),
             nodes_written: 0,
             fresh: HashMap::new(),
+            dropped: HashSet::new(),
             arena: Vec::new(),
         }
     }
@@ -150,6 +155,7 @@ impl CommitContext<'_> {
     fn discard(&mut self, child: &Child) {
         if self.fresh.remove(&child.address).is_some() {
             self.writes.retain(|address| *address != child.address);
+            self.dropped.insert(child.address);
         }
         // Cached until the new root is published (`Volume::retire`): readers of the old
         // root still walk it.
@@ -190,7 +196,9 @@ impl CommitContext<'_> {
     }
 
     /// Writes all pending node blocks, merging adjacent ones into single device writes of
-    /// at most `WRITE_RUN_BYTES_MAX`, and lets go of them: from here on they are read
+    /// at most `WRITE_RUN_BYTES_MAX` (across the blocks of nodes dropped unwritten, which
+    /// get zeros: a commit whose merges drop nodes it built would otherwise write its run
+    /// in as many pieces as it dropped nodes), and lets go of them: from here on they are read
     /// through the cache or the device. Called when `FRESH_NODES_MAX` are pending and at
     /// the end of the commit; a node written early and then discarded by the same commit
     /// is freed with the rest (nothing refers to it).
@@ -213,7 +221,19 @@ impl CommitContext<'_> {
         addresses.sort_unstable();
         let mut run_start = 0u64;
         let mut run: Vec<u8> = Vec::new();
+        let dropped = std::mem::take(&mut self.dropped);
         for address in addresses {
+            if !run.is_empty() && run.len() < WRITE_RUN_BYTES_MAX {
+                // Join across dropped nodes: their blocks are this commit's alone.
+                let mut end = run_start + run.len() as u64;
+                while end < address && dropped.contains(&end) {
+                    end += NODE_BYTES as u64;
+                }
+                let joined = usize::try_from(address - run_start).unwrap_or(usize::MAX);
+                if end == address && joined < WRITE_RUN_BYTES_MAX {
+                    run.resize(joined, 0);
+                }
+            }
             let contiguous = run_start + run.len() as u64 == address;
             if !run.is_empty() && (!contiguous || run.len() >= WRITE_RUN_BYTES_MAX) {
                 self.loader.device.write_at(&run, run_start)?;
