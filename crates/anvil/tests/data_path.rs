@@ -483,8 +483,8 @@ fn damaged_chunk(
 }
 
 /// A test device over memory that counts the reads touching `watch` (every read when
-/// None) and all write requests, and whose next flush, once `armed`, waits for `release` (a commit held after it
-/// wrote its nodes, before it is published).
+/// None) and all write requests, and whose next flush, once `armed`, waits for `release`
+/// (a commit held after it wrote its nodes, before it is published).
 #[derive(Default)]
 struct Probe {
     inner: MemDevice,
@@ -601,9 +601,10 @@ fn nodes_a_commit_replaces_stay_cached_until_it_is_published() {
 }
 
 /// A commit that empties most of its leaves merges them, dropping nodes it has just built
-/// beside the ones it keeps; its nodes still go to the device in one request (with its
-/// space map, and its superblock: two requests, three if its nodes took two arenas): the blocks of the dropped nodes are written
-/// over instead of splitting the run into a request per piece.
+/// beside the ones it keeps; its nodes still go to the device in one request, with its
+/// space map (then the superblock: two requests, three if its nodes took two arenas). The
+/// blocks of the dropped nodes are written over instead of splitting the run into a
+/// request per piece.
 #[test]
 fn a_commit_that_drops_nodes_it_built_writes_them_in_one_run() {
     use std::sync::atomic::Ordering;

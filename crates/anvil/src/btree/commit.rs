@@ -198,8 +198,8 @@ impl CommitContext<'_> {
     /// Writes all pending node blocks, merging adjacent ones into single device writes of
     /// at most `WRITE_RUN_BYTES_MAX` (across the blocks of nodes dropped unwritten, which
     /// get zeros: a commit whose merges drop nodes it built would otherwise write its run
-    /// in as many pieces as it dropped nodes), and lets go of them: from here on they are read
-    /// through the cache or the device. Called when `FRESH_NODES_MAX` are pending and at
+    /// in as many pieces as it dropped nodes), and lets go of them: from here on they are
+    /// read through the cache or the device. Called when `FRESH_NODES_MAX` are pending and at
     /// the end of the commit; a node written early and then discarded by the same commit
     /// is freed with the rest (nothing refers to it).
     pub fn write_out(&mut self) -> Result<()> {
