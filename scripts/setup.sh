@@ -5,12 +5,16 @@
 #   SKIP_BUILD=1 scripts/setup.sh   only install the tools
 #
 # Idempotent: Debian packages are installed only when missing, and the
-# cargo-installed test tools (pjdfstest, fsx) only when <repo>/.tools/bin does
-# not already hold the pinned version.
+# cargo-installed test tools (pjdfstest, fsx) only when the machine's tool cache,
+# ${ANVIL_TOOLS_CACHE:-/var/cache/anvil-tools}/<crate>-<version> (as for Garage), does not
+# already hold the pinned version; <repo>/.tools/bin links to them there, so a fresh clone
+# on the same machine does not build them again. Where the cache is not writable (not
+# root), they are built into <repo>/.tools.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$ROOT/.tools"
+CACHE="${ANVIL_TOOLS_CACHE:-/var/cache/anvil-tools}"
 
 # Debian packages: FUSE runtime and headers, ACL/xattr tools (pjdfstest needs
 # libacl1-dev to build), peer filesystems for comparisons (zfs-fuse included),
@@ -55,16 +59,21 @@ install_apt_packages() {
 }
 
 install_cargo_tools() {
-    local entry crate version bin
-    mkdir -p "$TOOLS"
+    local entry crate version bin root
+    mkdir -p "$TOOLS/bin"
     for entry in "${CARGO_TOOLS[@]}"; do
         read -r crate version bin <<<"$entry"
-        if [[ -x "$TOOLS/bin/$bin" && "$("$TOOLS/bin/$bin" --version 2>/dev/null)" == "$bin $version" ]]; then
-            log "$crate $version: present ($TOOLS/bin/$bin)"
-            continue
+        root="$CACHE/$crate-$version"
+        if ! mkdir -p "$root" 2>/dev/null || [[ ! -w "$root" ]]; then
+            root="$TOOLS/$crate-$version"
         fi
-        log "$crate $version: cargo install into $TOOLS (takes a few minutes)"
-        cargo install --locked --root "$TOOLS" --version "$version" "$crate"
+        if [[ -x "$root/bin/$bin" && "$("$root/bin/$bin" --version 2>/dev/null)" == "$bin $version" ]]; then
+            log "$crate $version: present ($root/bin/$bin)"
+        else
+            log "$crate $version: cargo install into $root (takes a few minutes)"
+            cargo install --locked --root "$root" --version "$version" "$crate"
+        fi
+        ln -sfn "$root/bin/$bin" "$TOOLS/bin/$bin"
     done
 }
 

@@ -8,7 +8,12 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-step() { printf '\n== %s ==\n' "$*"; }
+# Each step says how far into the run it starts (minutes:seconds), so a slow stage shows.
+START=$SECONDS
+step() {
+    local t=$((SECONDS - START))
+    printf '\n== [%d:%02d] %s ==\n' $((t / 60)) $((t % 60)) "$*"
+}
 
 step "setup (packages, test tools, release build)"
 scripts/setup.sh
