@@ -760,13 +760,19 @@ impl Target {
             );
             // Where the writers waited for the device: commits, and writers held back
             // while one was in flight.
-            let engine: Vec<String> = fs
-                .volume()
-                .report()
-                .iter()
-                .map(|(name, value)| format!("{name} {value}"))
-                .collect();
-            eprintln!("anvil-lib engine: {}", engine.join(", "));
+            let counters = |list: Vec<(&str, u64)>| {
+                let named: Vec<String> = list
+                    .iter()
+                    .map(|(name, value)| format!("{name} {value}"))
+                    .collect();
+                named.join(", ")
+            };
+            eprintln!("anvil-lib engine: {}", counters(fs.volume().report()));
+            // Device reads, and those that met one of the engine's writes in flight.
+            eprintln!(
+                "anvil-lib device: {}",
+                counters(fs.volume().device().report())
+            );
             note(
                 fs.close()
                     .map_err(|e| BenchError(format!("close anvil volume: {e}"))),

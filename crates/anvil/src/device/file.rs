@@ -62,6 +62,20 @@ pub struct FileDevice {
     staged_in_flight: AtomicU64,
     /// Whether the writers of file data keep several runs in flight (`set_writers_pipelined`).
     writers_pipelined: AtomicBool,
+    read_times: ReadTimes,
+}
+
+/// Reads of the device since it was opened, and those of them that met a write of this
+/// device in flight (one was in flight when the read began, or one began before it
+/// ended), each with their time: how long reads wait behind the engine's own writes
+/// (`report`). A read beside a long write takes ten times as long on a loop device
+/// (docs/benchmarks.md, nineteenth session).
+#[derive(Default)]
+struct ReadTimes {
+    reads: AtomicU64,
+    read_ns: AtomicU64,
+    behind_writes: AtomicU64,
+    behind_writes_ns: AtomicU64,
 }
 
 /// Recently read windows of a direct device, by window index.
@@ -160,6 +174,7 @@ impl FileDevice {
             windows: ReadAround::new(),
             staged_in_flight: AtomicU64::new(0),
             writers_pipelined: AtomicBool::new(false),
+            read_times: ReadTimes::default(),
         })
     }
 
@@ -202,6 +217,7 @@ impl FileDevice {
             windows: ReadAround::new(),
             staged_in_flight: AtomicU64::new(0),
             writers_pipelined: AtomicBool::new(false),
+            read_times: ReadTimes::default(),
         })
     }
 
@@ -340,8 +356,25 @@ impl FileDevice {
             .filter(|_| !self.direct_failed.load(Ordering::Relaxed))
     }
 
-    /// A read, direct (through the read-around windows if `around`) while direct I/O works.
+    /// `read_untimed`, counted in `read_times`.
     fn read(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<()> {
+        let writing = self.windows.in_flight.load(Ordering::Acquire) > 0;
+        let writes = self.windows.writes.load(Ordering::Acquire);
+        let start = std::time::Instant::now();
+        let result = self.read_untimed(buf, offset, around);
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let t = &self.read_times;
+        t.reads.fetch_add(1, Ordering::Relaxed);
+        t.read_ns.fetch_add(ns, Ordering::Relaxed);
+        if writing || self.windows.writes.load(Ordering::Acquire) != writes {
+            t.behind_writes.fetch_add(1, Ordering::Relaxed);
+            t.behind_writes_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// A read, direct (through the read-around windows if `around`) while direct I/O works.
+    fn read_untimed(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<()> {
         let direct_done = match self.direct_file() {
             Some(direct) => self.direct_or_fallback(
                 |_| {
@@ -545,6 +578,19 @@ fn direct_write(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.read(buf, offset, true)
+    }
+
+    /// Reads and their time in milliseconds, all of them and those that met a write of
+    /// this device in flight.
+    fn report(&self) -> Vec<(&'static str, u64)> {
+        let t = &self.read_times;
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        vec![
+            ("reads", get(&t.reads)),
+            ("read_ms", get(&t.read_ns) / 1_000_000),
+            ("reads_behind_writes", get(&t.behind_writes)),
+            ("behind_writes_ms", get(&t.behind_writes_ns) / 1_000_000),
+        ]
     }
 
     fn read_whole_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -855,6 +901,28 @@ mod tests {
         assert!(all == model, "the file differs from the model");
         let mut past_end = vec![0u8; 100];
         assert!(device.read_at(&mut past_end, (1 << 20) - 50).is_err());
+    }
+
+    #[test]
+    fn reads_are_counted_and_those_beside_a_write_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = FileDevice::create(&dir.path().join("image")).unwrap();
+        device.set_len(1 << 20).unwrap();
+        let count = |name: &str| device.report().iter().find(|c| c.0 == name).unwrap().1;
+        let mut buf = [0u8; 4096];
+        device.read_at(&mut buf, 0).unwrap();
+        device.read_whole_at(&mut buf, 8192).unwrap();
+        assert_eq!((count("reads"), count("reads_behind_writes")), (2, 0));
+        // A write in flight while a read runs.
+        device.windows.in_flight.fetch_add(1, Ordering::AcqRel);
+        device.read_at(&mut buf, 4096).unwrap();
+        device.windows.in_flight.fetch_sub(1, Ordering::AcqRel);
+        assert_eq!((count("reads"), count("reads_behind_writes")), (3, 1));
+        // A write done before the read is not in its way.
+        device.write_at(&[1u8; 4096], 0).unwrap();
+        device.read_at(&mut buf, 0).unwrap();
+        assert_eq!((count("reads"), count("reads_behind_writes")), (4, 1));
+        assert_eq!(buf, [1u8; 4096]);
     }
 
     #[test]

@@ -65,7 +65,8 @@ pub trait Device: Send + Sync {
     /// `[offset, offset + len)` (they are durable; reads of them go to the device).
     fn forget_staged(&self, _offset: u64, _len: u64) {}
     /// What the device did since it was opened, as named counters for `anvil info` (an
-    /// object store's uploads and cache; nothing for local devices).
+    /// object store's uploads and cache; a local file's reads, and how many of them met a
+    /// write in flight).
     fn report(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }

@@ -227,7 +227,8 @@ pub struct VolumeInfo {
     /// their data held.
     pub evicted_files: u64,
     pub evicted_bytes: u64,
-    /// The device's own counters (`Device::report`): an object store's uploads and cache.
+    /// The device's own counters (`Device::report`): an object store's uploads and cache,
+    /// a local file's reads and those that met a write in flight.
     pub device: Vec<(&'static str, u64)>,
     /// The engine's counters (`Volume::report`): commits and writers that waited for them.
     pub engine: Vec<(&'static str, u64)>,
