@@ -65,8 +65,8 @@ pub struct FileDevice {
     read_times: ReadTimes,
 }
 
-/// Reads of the device since it was opened, and those of them that met a write of this
-/// device in flight (one was in flight when the read began, or one began before it
+/// Reads of the device since it was opened (not those read-around windows in memory
+/// served), and those of them that met a write of this device in flight (one was in flight when the read began, or one began before it
 /// ended), each with their time: how long reads wait behind the engine's own writes
 /// (`report`). A read beside a long write takes ten times as long on a loop device
 /// (docs/benchmarks.md, nineteenth session).
@@ -278,13 +278,14 @@ impl FileDevice {
         }
     }
 
-    /// A direct read, through the read-around windows when it is small.
-    fn read_around(&self, direct: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    /// A direct read, through the read-around windows when it is small. Says whether
+    /// windows in memory served it, with no request to the device.
+    fn read_around(&self, direct: &File, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         let Some(end) = offset.checked_add(buf.len() as u64) else {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         };
         if buf.is_empty() || buf.len() >= AROUND_BYTES_MAX {
-            return direct_read(direct, buf, offset);
+            return direct_read(direct, buf, offset).map(|()| false);
         }
         let first = offset / WINDOW_BYTES;
         let last = (end - 1) / WINDOW_BYTES;
@@ -300,7 +301,7 @@ impl FileDevice {
         }
         let hit = found.len() as u64 == last - first + 1;
         if !hit && !self.windows.windows_pay() {
-            return direct_read(direct, buf, offset);
+            return direct_read(direct, buf, offset).map(|()| false);
         }
         self.windows.count(hit);
         if !hit {
@@ -344,7 +345,7 @@ impl FileDevice {
             filled += take;
             at += take as u64;
             if filled == buf.len() {
-                return Ok(());
+                return Ok(hit);
             }
         }
         Err(io::Error::from(io::ErrorKind::UnexpectedEof))
@@ -356,12 +357,15 @@ impl FileDevice {
             .filter(|_| !self.direct_failed.load(Ordering::Relaxed))
     }
 
-    /// `read_untimed`, counted in `read_times`.
+    /// `read_untimed`, counted in `read_times` unless windows in memory served it.
     fn read(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<()> {
         let writing = self.windows.in_flight.load(Ordering::Acquire) > 0;
         let writes = self.windows.writes.load(Ordering::Acquire);
         let start = std::time::Instant::now();
-        let result = self.read_untimed(buf, offset, around);
+        let from_windows = self.read_untimed(buf, offset, around)?;
+        if from_windows {
+            return Ok(());
+        }
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let t = &self.read_times;
         t.reads.fetch_add(1, Ordering::Relaxed);
@@ -370,28 +374,26 @@ impl FileDevice {
             t.behind_writes.fetch_add(1, Ordering::Relaxed);
             t.behind_writes_ns.fetch_add(ns, Ordering::Relaxed);
         }
-        result
+        Ok(())
     }
 
     /// A read, direct (through the read-around windows if `around`) while direct I/O works.
-    fn read_untimed(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<()> {
+    /// Says whether windows in memory served it.
+    fn read_untimed(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<bool> {
         let direct_done = match self.direct_file() {
             Some(direct) => self.direct_or_fallback(
-                |_| {
-                    match around {
-                        true => self.read_around(direct, buf, offset),
-                        false => direct_read(direct, buf, offset),
-                    }
-                    .map(|()| true)
+                |_| match around {
+                    true => self.read_around(direct, buf, offset).map(Some),
+                    false => direct_read(direct, buf, offset).map(|()| Some(false)),
                 },
-                |_| Ok(false),
+                |_| Ok(None),
             )?,
-            None => false,
+            None => None,
         };
-        if direct_done {
-            return Ok(());
+        match direct_done {
+            Some(from_windows) => Ok(from_windows),
+            None => self.file.read_exact_at(buf, offset).map(|()| false),
         }
-        self.file.read_exact_at(buf, offset)
     }
 
     /// Runs a direct request; on EINVAL (the host accepted O_DIRECT at open but not for
