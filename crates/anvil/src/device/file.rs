@@ -66,16 +66,24 @@ pub struct FileDevice {
 }
 
 /// Reads of the device since it was opened (not those read-around windows in memory
-/// served), and those of them that met a write of this device in flight (one was in flight when the read began, or one began before it
-/// ended), each with their time: how long reads wait behind the engine's own writes
-/// (`report`). A read beside a long write takes ten times as long on a loop device
-/// (docs/benchmarks.md, nineteenth session).
+/// served), and those of them that met a write of this device in flight (one was in flight
+/// when the read began, or one began before it ended), each with their time: how long
+/// reads wait behind the engine's own writes (`report`). A read beside a long write takes
+/// ten times as long on a loop device (docs/benchmarks.md, nineteenth session). Reads
+/// that met a flush (`fdatasync`) are counted the same way, apart: a loop device's flush
+/// syncs its backing file on the host, and a read beside one waited 7-8 ms on the proxy
+/// benchmark (twentieth session).
 #[derive(Default)]
 struct ReadTimes {
     reads: AtomicU64,
     read_ns: AtomicU64,
     behind_writes: AtomicU64,
     behind_writes_ns: AtomicU64,
+    behind_flushes: AtomicU64,
+    behind_flushes_ns: AtomicU64,
+    /// Flushes begun, and in flight now.
+    flushes: AtomicU64,
+    flushing: AtomicU64,
 }
 
 /// Recently read windows of a direct device, by window index.
@@ -359,20 +367,26 @@ impl FileDevice {
 
     /// `read_untimed`, counted in `read_times` unless windows in memory served it.
     fn read(&self, buf: &mut [u8], offset: u64, around: bool) -> io::Result<()> {
+        let t = &self.read_times;
         let writing = self.windows.in_flight.load(Ordering::Acquire) > 0;
         let writes = self.windows.writes.load(Ordering::Acquire);
+        let flushing = t.flushing.load(Ordering::Acquire) > 0;
+        let flushes = t.flushes.load(Ordering::Acquire);
         let start = std::time::Instant::now();
         let from_windows = self.read_untimed(buf, offset, around)?;
         if from_windows {
             return Ok(());
         }
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let t = &self.read_times;
         t.reads.fetch_add(1, Ordering::Relaxed);
         t.read_ns.fetch_add(ns, Ordering::Relaxed);
         if writing || self.windows.writes.load(Ordering::Acquire) != writes {
             t.behind_writes.fetch_add(1, Ordering::Relaxed);
             t.behind_writes_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        if flushing || t.flushes.load(Ordering::Acquire) != flushes {
+            t.behind_flushes.fetch_add(1, Ordering::Relaxed);
+            t.behind_flushes_ns.fetch_add(ns, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -592,6 +606,8 @@ impl Device for FileDevice {
             ("read_ms", get(&t.read_ns) / 1_000_000),
             ("reads_behind_writes", get(&t.behind_writes)),
             ("behind_writes_ms", get(&t.behind_writes_ns) / 1_000_000),
+            ("reads_behind_flushes", get(&t.behind_flushes)),
+            ("behind_flushes_ms", get(&t.behind_flushes_ns) / 1_000_000),
         ]
     }
 
@@ -703,7 +719,12 @@ impl Device for FileDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
+        let t = &self.read_times;
+        t.flushing.fetch_add(1, Ordering::AcqRel);
+        t.flushes.fetch_add(1, Ordering::AcqRel);
+        let result = self.file.sync_data();
+        t.flushing.fetch_sub(1, Ordering::AcqRel);
+        result
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -925,6 +946,14 @@ mod tests {
         device.read_at(&mut buf, 0).unwrap();
         assert_eq!((count("reads"), count("reads_behind_writes")), (4, 1));
         assert_eq!(buf, [1u8; 4096]);
+        // Flushes are counted apart: one in flight, then one that has ended.
+        device.read_times.flushing.fetch_add(1, Ordering::AcqRel);
+        device.read_at(&mut buf, 4096).unwrap();
+        device.read_times.flushing.fetch_sub(1, Ordering::AcqRel);
+        device.flush().unwrap();
+        device.read_at(&mut buf, 4096).unwrap();
+        let apart = ["reads", "reads_behind_writes", "reads_behind_flushes"].map(count);
+        assert_eq!(apart, [6, 1, 1]);
     }
 
     #[test]

@@ -468,6 +468,25 @@ struct Counters {
     log_waits: (AtomicU64, AtomicU64),
     /// Files commits moved to join their locality group (`regroup`), and their bytes.
     regrouped: (AtomicU64, AtomicU64),
+    /// Bytes written to the device, by what they hold: file data placed by commits (moved
+    /// files included), tree nodes, space maps, and redo-log batches. Each written byte
+    /// also costs the reads beside it, and a loop device's flush grows with them.
+    written: BytesWritten,
+}
+
+#[derive(Default)]
+struct BytesWritten {
+    data: AtomicU64,
+    nodes: AtomicU64,
+    maps: AtomicU64,
+    log: AtomicU64,
+    /// Of `data`: zeros after extents to the next block.
+    padding: AtomicU64,
+}
+
+/// Adds `n` to a counter of `Counters`.
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
 }
 
 impl Counters {
@@ -1020,6 +1039,7 @@ impl Volume {
     pub fn report(&self) -> Vec<(&'static str, u64)> {
         let c = &self.counters;
         let millis = |a: &(AtomicU64, AtomicU64)| a.1.load(Ordering::Relaxed) / 1_000_000;
+        let mib = |a: &AtomicU64| a.load(Ordering::Relaxed) >> 20;
         vec![
             ("commits", c.commits.0.load(Ordering::Relaxed)),
             ("commit_ms", millis(&c.commits)),
@@ -1029,8 +1049,17 @@ impl Volume {
             ("log_wait_ms", millis(&c.log_waits)),
             ("regrouped_files", c.regrouped.0.load(Ordering::Relaxed)),
             ("regrouped_mib", c.regrouped.1.load(Ordering::Relaxed) >> 20),
+            ("data_written_mib", mib(&c.written.data)),
+            ("data_padding_mib", mib(&c.written.padding)),
+            ("nodes_written_mib", mib(&c.written.nodes)),
+            ("maps_written_mib", mib(&c.written.maps)),
+            ("log_written_mib", mib(&c.written.log)),
         ]
     }
+    fn count_nodes_written(&self, nodes: u64) {
+        bump(&self.counters.written.nodes, nodes * NODE_BYTES as u64);
+    }
+
     pub(crate) fn loader(&self) -> Loader<'_> {
         Loader {
             device: &*self.device,
@@ -1789,6 +1818,7 @@ impl Volume {
         let mut ctx = CommitContext::new(self.loader(), &self.space, tid);
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         let tail = ctx.write_out_but_tail()?;
+        self.count_nodes_written(ctx.nodes_written);
         // Extents written ahead of the commit that the group replaced before it: never in
         // any tree, free once this commit is durable (a reader may hold one, as any freed
         // extent, until it lets go of the root it read under).
@@ -1833,6 +1863,7 @@ impl Volume {
         make: impl FnOnce(Superblock) -> Superblock,
     ) -> Result<Superblock> {
         let map = self.write_space_map(previous, freed, tid, written)?;
+        bump(&self.counters.written.maps, map.bytes);
         self.device.barrier()?;
         let sb = make(Superblock {
             seq: previous.seq + 1,
@@ -2034,11 +2065,13 @@ impl Volume {
                 slices.push(bytes);
                 // allocated is the length rounded up to whole blocks.
                 let padding = bytes.len().next_multiple_of(BLOCK_LEN) - bytes.len();
+                bump(&self.counters.written.padding, padding as u64);
                 if padding > 0 {
                     slices.push(&ZEROS[..padding]);
                 }
             }
             self.device.write_vectored_at(&slices, placed[start].0)?;
+            bump(&self.counters.written.data, run_bytes);
             start = end;
         }
         Ok(())
@@ -2122,6 +2155,7 @@ impl Volume {
                 let bytes = stored(i);
                 slices.push(bytes);
                 let padding = bytes.len().next_multiple_of(BLOCK_LEN) - bytes.len();
+                bump(&self.counters.written.padding, padding as u64);
                 if padding > 0 {
                     slices.push(&ZEROS[..padding]);
                 }
@@ -2133,6 +2167,8 @@ impl Volume {
                 self.release_direct(&extents);
                 return Err(e.into());
             }
+            let bytes: usize = slices.iter().map(|s| s.len()).sum();
+            bump(&self.counters.written.data, bytes as u64);
             start = end;
         }
         // What was just written is what is read next (a file read back, or a chunk
@@ -2680,6 +2716,9 @@ impl Volume {
                     .device
                     .write_staged_at(&pages, LOG_OFFSET + start)
                     .map(|()| encoded);
+                if written.is_ok() {
+                    bump(&self.counters.written.log, span as u64);
+                }
                 if pages.capacity() <= SCRATCH_BYTES_MAX {
                     ring.scratch = pages;
                 }
@@ -2949,6 +2988,7 @@ impl Volume {
             let offset = self.space.allocate(allocated, Purpose::Metadata)?;
             // allocated_bytes is stored_bytes rounded up to whole blocks.
             let padding = stored.len().next_multiple_of(BLOCK_LEN) - stored.len();
+            bump(&self.counters.written.padding, padding as u64);
             match placed.last_mut() {
                 Some((start, slices))
                     if *start + slices.iter().map(|s| s.len() as u64).sum::<u64>() == offset =>
@@ -2970,6 +3010,8 @@ impl Volume {
         }
         for (offset, slices) in &placed {
             self.device.write_vectored_at(slices, *offset)?;
+            let bytes: usize = slices.iter().map(|s| s.len()).sum();
+            bump(&self.counters.written.data, bytes as u64);
         }
         mutations.sort_by_key(Mutation::key);
         let previous = self.state.lock().superblock.clone();
@@ -2977,6 +3019,7 @@ impl Volume {
         let new_root = apply(&mut ctx, old_root.root, &mutations)?;
         let tail = ctx.write_out_but_tail()?;
         step.nodes_written = ctx.nodes_written;
+        self.count_nodes_written(ctx.nodes_written);
         let tid = previous.committed_tid;
         let sb = self.publish(
             &mut ctx.freed,
