@@ -469,7 +469,8 @@ struct Counters {
     /// Files commits moved to join their locality group (`regroup`), and their bytes.
     regrouped: (AtomicU64, AtomicU64),
     /// Bytes written to the device, by what they hold: file data placed by commits (moved
-    /// files included), tree nodes, space maps, and redo-log batches. Each written byte
+    /// files included) or written ahead of them, tree nodes, space maps, and redo-log
+    /// batches (not those a crash log file takes, nor what a mirror stream writes). Each written byte
     /// also costs the reads beside it, and a loop device's flush grows with them.
     written: BytesWritten,
 }
@@ -1056,6 +1057,8 @@ impl Volume {
             ("log_written_mib", mib(&c.written.log)),
         ]
     }
+
+    /// Counts `nodes` tree nodes a commit (or a reblock step) wrote.
     fn count_nodes_written(&self, nodes: u64) {
         bump(&self.counters.written.nodes, nodes * NODE_BYTES as u64);
     }
@@ -2151,11 +2154,12 @@ impl Volume {
                 end += 1;
             }
             let mut slices: Vec<&[u8]> = Vec::with_capacity(2 * (end - start));
+            let mut padded = 0;
             for i in start..end {
                 let bytes = stored(i);
                 slices.push(bytes);
                 let padding = bytes.len().next_multiple_of(BLOCK_LEN) - bytes.len();
-                bump(&self.counters.written.padding, padding as u64);
+                padded += padding as u64;
                 if padding > 0 {
                     slices.push(&ZEROS[..padding]);
                 }
@@ -2169,6 +2173,7 @@ impl Volume {
             }
             let bytes: usize = slices.iter().map(|s| s.len()).sum();
             bump(&self.counters.written.data, bytes as u64);
+            bump(&self.counters.written.padding, padded);
             start = end;
         }
         // What was just written is what is read next (a file read back, or a chunk
