@@ -768,7 +768,7 @@ impl Target {
                 named.join(", ")
             };
             eprintln!("anvil-lib engine: {}", counters(fs.volume().report()));
-            // Device reads, and those that met one of the engine's writes in flight.
+            // Device reads, and those that met one of the engine's writes or flushes.
             eprintln!(
                 "anvil-lib device: {}",
                 counters(fs.volume().device().report())

@@ -596,8 +596,8 @@ impl Device for FileDevice {
         self.read(buf, offset, true)
     }
 
-    /// Reads and their time in milliseconds, all of them and those that met a write of
-    /// this device in flight.
+    /// Reads and their time in milliseconds: all of them, those that met a write of this
+    /// device in flight, and those that met a flush.
     fn report(&self) -> Vec<(&'static str, u64)> {
         let t = &self.read_times;
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
