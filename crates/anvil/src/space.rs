@@ -8,6 +8,14 @@
 //! root (see `volume::RootRef`); until then it is `deferred`, and counts as free in the map
 //! a commit writes, since after a restart no such reader exists.
 //!
+//! Ranges are exact bytes: an extent owns its stored bytes and no more, so a commit packs
+//! small extents back to back (format version 8). Space is handed out only as whole blocks
+//! that are entirely free, from a block boundary: the rest of an allocation's last block
+//! stays in the free map, where no allocation can take it until everything else in its
+//! block is free too. So no two writes that are not the same request ever share a block,
+//! and a torn write of one (a 4 KiB physical block under 512-byte sectors) never tears
+//! another's durable bytes.
+//!
 //! Debug builds (and the test profile) also keep every range handed out since the map was
 //! made, as redb's page allocator does: freeing or deferring part of an allocation, or a
 //! range that straddles two, panics at the call that does it, not commits later when the
@@ -27,8 +35,8 @@ pub struct Space {
 }
 
 struct Inner {
-    /// start -> length, coalesced, block aligned. Changed only through `insert_free` and
-    /// `remove_free`, which keep `room` with it.
+    /// start -> length, coalesced, in bytes (not block aligned: see the module comment).
+    /// Changed only through `insert_free` and `remove_free`, which keep `room` with it.
     free: BTreeMap<u64, u64>,
     free_bytes: u64,
     /// What the free ranges surely hold of pieces up to `PIECE_BYTES_MAX`, however sized
@@ -94,22 +102,37 @@ impl Allocations {
 /// the node arena that finds no range that long falls back to pieces).
 pub const PIECE_BYTES_MAX: u64 = crate::format::record::DATA_CHUNK_BYTES;
 
-/// Bytes of pieces of at most `PIECE_BYTES_MAX` that a free range of `len` bytes holds
-/// whatever their sizes: placed back to back, the range turns one away only when less than
-/// a piece is left, so it wastes less than `PIECE_BYTES_MAX` (in whole blocks).
-fn room_of(len: u64) -> u64 {
-    len.saturating_sub(PIECE_BYTES_MAX - BLOCK_BYTES)
+/// Bytes of pieces of at most `PIECE_BYTES_MAX` that the free range `[start, start + len)`
+/// holds whatever their sizes: only its whole blocks can be handed out, and placed back to
+/// back there, pieces are turned away only when less than a piece is left, so they waste
+/// less than `PIECE_BYTES_MAX` (in whole blocks).
+fn room_of(start: u64, len: u64) -> u64 {
+    whole_blocks(start, len).map_or(0, |(_, blocks)| {
+        blocks.saturating_sub(PIECE_BYTES_MAX - BLOCK_BYTES)
+    })
+}
+
+/// The whole blocks of `[start, start + len)`: their first byte and their length, if any.
+fn whole_blocks(start: u64, len: u64) -> Option<(u64, u64)> {
+    let first = start.next_multiple_of(BLOCK_BYTES);
+    let end = (start + len) / BLOCK_BYTES * BLOCK_BYTES;
+    (end > first).then(|| (first, end - first))
+}
+
+/// `bytes` rounded up to whole blocks.
+fn blocks_for(bytes: u64) -> u64 {
+    bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES
 }
 
 impl Inner {
     fn insert_free(&mut self, start: u64, len: u64) {
-        self.room += room_of(len);
+        self.room += room_of(start, len);
         self.free.insert(start, len);
     }
 
     fn remove_free(&mut self, start: u64) {
         if let Some(len) = self.free.remove(&start) {
-            self.room -= room_of(len);
+            self.room -= room_of(start, len);
         }
     }
 
@@ -132,6 +155,7 @@ pub enum Purpose {
 impl Space {
     /// A space map with the whole data area free.
     pub fn new(data_offset: u64, volume_bytes: u64) -> Space {
+        debug_assert!(data_offset % BLOCK_BYTES == 0);
         let data_bytes = volume_bytes - data_offset;
         let mut free = BTreeMap::new();
         free.insert(data_offset, data_bytes);
@@ -139,7 +163,7 @@ impl Space {
             inner: Mutex::new(Inner {
                 free,
                 free_bytes: data_bytes,
-                room: room_of(data_bytes),
+                room: room_of(data_offset, data_bytes),
                 cursor: data_offset,
                 deferred: BTreeMap::new(),
                 provisional: BTreeMap::new(),
@@ -155,7 +179,7 @@ impl Space {
     }
 
     /// A space map with exactly `free` free, as read from a commit's map. Ranges must be
-    /// sorted, disjoint, block aligned and inside the data area.
+    /// sorted, disjoint and inside the data area.
     pub fn with_free_ranges(
         data_offset: u64,
         volume_bytes: u64,
@@ -171,9 +195,7 @@ impl Space {
             for &(start, bytes) in free {
                 if start < end
                     || bytes == 0
-                    || start % BLOCK_BYTES != 0
-                    || bytes % BLOCK_BYTES != 0
-                    || start + bytes > volume_bytes
+                    || start.checked_add(bytes).is_none_or(|e| e > volume_bytes)
                 {
                     return Err(Error::corrupt(
                         "free range out of order or outside the data area",
@@ -220,11 +242,7 @@ impl Space {
             .map(|(s, l)| (*s, *l))
             .collect();
         drop(inner);
-        all.extend(
-            also_free
-                .iter()
-                .map(|&(s, l)| (s, l.div_ceil(BLOCK_BYTES) * BLOCK_BYTES)),
-        );
+        all.extend(also_free.iter().copied());
         all.sort_unstable();
         let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
         for (start, bytes) in all {
@@ -246,7 +264,6 @@ impl Space {
     pub fn defer(&self, ranges: &[(u64, u64)]) {
         let mut inner = self.inner.lock();
         for &(start, bytes) in ranges {
-            let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
             // An extent written ahead of a commit that replaced it before it was committed.
             inner.provisional.remove(&start);
             #[cfg(debug_assertions)]
@@ -291,9 +308,9 @@ impl Space {
         self.reserve_bytes
     }
 
-    /// Allocates `bytes` (rounded up to whole blocks).
+    /// Allocates `bytes` at the start of whole free blocks; the rest of the last block stays
+    /// free (see the module comment).
     pub fn allocate(&self, bytes: u64, purpose: Purpose) -> Result<u64> {
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         let mut inner = self.inner.lock();
         let start = self.take_next_fit(&mut inner, bytes, purpose)?;
         #[cfg(debug_assertions)]
@@ -301,16 +318,15 @@ impl Space {
         Ok(start)
     }
 
-    /// Allocates one range for all of `sizes` (each rounded up to whole blocks) and hands
-    /// it out as back-to-back pieces, each its own allocation (freed on its own later).
+    /// Allocates one run of whole blocks for all of `sizes` and hands it out as pieces
+    /// packed back to back, byte to byte, each its own allocation (freed on its own later).
     /// NoSpace when no free range holds them all, even if each would fit somewhere.
     pub fn allocate_run(&self, sizes: &[u64], purpose: Purpose) -> Result<Vec<u64>> {
-        let round = |b: &u64| b.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
-        let bytes: u64 = sizes.iter().map(round).sum();
+        let bytes: u64 = sizes.iter().sum();
         let mut inner = self.inner.lock();
         let mut at = self.take_next_fit(&mut inner, bytes, purpose)?;
         let mut offsets = Vec::with_capacity(sizes.len());
-        for size in sizes.iter().map(round) {
+        for &size in sizes {
             #[cfg(debug_assertions)]
             inner.allocated.insert(at, size);
             offsets.push(at);
@@ -319,12 +335,11 @@ impl Space {
         Ok(offsets)
     }
 
-    /// Allocates `bytes` (rounded up to whole blocks) exactly at `start` if that range is
-    /// free: metadata that should lie right after something just written (a commit's space
+    /// Allocates `bytes` (whole blocks) exactly at `start` if that range is free: metadata that should lie right after something just written (a commit's space
     /// map after its last nodes, written in the same request). False, changing nothing,
     /// when any of it is in use.
     pub fn allocate_at(&self, start: u64, bytes: u64) -> bool {
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        debug_assert!(bytes % BLOCK_BYTES == 0);
         let mut inner = self.inner.lock();
         let Some(end) = start.checked_add(bytes) else {
             return false;
@@ -339,9 +354,10 @@ impl Space {
         true
     }
 
-    /// Takes `bytes` (whole blocks) from the free map, next fit from the cursor: the range
-    /// the cursor is in if it has room, else the first range after it that fits, else the
-    /// first that fits anywhere.
+    /// Takes `bytes` from the free map at the start of whole free blocks that hold them,
+    /// next fit from the cursor: the range the cursor is in if it has room, else the first
+    /// range after it that fits, else the first that fits anywhere. The rest of the last
+    /// block stays free, and the cursor moves past it.
     fn take_next_fit(&self, inner: &mut Inner, bytes: u64, purpose: Purpose) -> Result<u64> {
         let floor = if purpose == Purpose::Data {
             self.reserve_bytes
@@ -351,32 +367,27 @@ impl Space {
         if inner.free_bytes < bytes + floor {
             return Err(Error::NoSpace);
         }
+        let blocks = blocks_for(bytes).max(BLOCK_BYTES);
+        // Where the whole blocks of a free range hold `blocks`, the first such block.
+        let fits = |(s, l): (&u64, &u64)| {
+            whole_blocks(*s, *l)
+                .filter(|(_, len)| *len >= blocks)
+                .map(|(first, _)| first)
+        };
         let cursor = inner.cursor;
         let found = inner
             .free
-            .range(..cursor)
+            .range(..=cursor)
             .next_back()
-            .filter(|(s, l)| *s + *l >= cursor + bytes)
+            .filter(|(s, l)| **s + **l >= cursor + blocks)
             .map(|_| cursor)
-            .or_else(|| {
-                inner
-                    .free
-                    .range(cursor..)
-                    .find(|(_, l)| **l >= bytes)
-                    .map(|(s, _)| *s)
-            })
-            .or_else(|| {
-                inner
-                    .free
-                    .iter()
-                    .find(|(_, l)| **l >= bytes)
-                    .map(|(s, _)| *s)
-            });
+            .or_else(|| inner.free.range(cursor + 1..).find_map(fits))
+            .or_else(|| inner.free.iter().find_map(fits));
         let Some(start) = found else {
             return Err(Error::NoSpace);
         };
         Self::take(inner, start, bytes);
-        inner.cursor = start + bytes;
+        inner.cursor = start + blocks;
         Ok(start)
     }
 
@@ -386,10 +397,8 @@ impl Space {
     pub fn allocate_provisional(&self, sizes: &[u64]) -> Result<Vec<u64>> {
         let offsets = self.allocate_run(sizes, Purpose::Data)?;
         let mut inner = self.inner.lock();
-        for (&start, size) in offsets.iter().zip(sizes) {
-            inner
-                .provisional
-                .insert(start, size.div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
+        for (&start, &size) in offsets.iter().zip(sizes) {
+            inner.provisional.insert(start, size);
         }
         Ok(offsets)
     }
@@ -397,7 +406,6 @@ impl Space {
     /// `mark_used` for a provisional extent a replayed redo log batch names.
     pub fn mark_provisional(&self, start: u64, bytes: u64) -> Result<()> {
         self.mark_used(start, bytes)?;
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         self.inner.lock().provisional.insert(start, bytes);
         Ok(())
     }
@@ -419,12 +427,11 @@ impl Space {
 
     /// Marks a range in use (mount-time rebuild). Fails if any part is already in use.
     pub fn mark_used(&self, start: u64, bytes: u64) -> Result<()> {
-        let bytes = bytes.div_ceil(BLOCK_BYTES).saturating_mul(BLOCK_BYTES);
         // A hostile extent address near u64::MAX must fail here, not wrap past the check.
         let end = start.checked_add(bytes);
         let mut inner = self.inner.lock();
         let contains = end.is_some_and(|end| inner.holds(start, end));
-        if !contains || start % BLOCK_BYTES != 0 {
+        if !contains {
             return Err(Error::corrupt(
                 "space referenced twice or outside the data area",
                 format!("bytes {start}..{}", start.saturating_add(bytes)),
@@ -437,6 +444,9 @@ impl Space {
     }
 
     fn take(inner: &mut Inner, start: u64, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
         #[expect(
             clippy::expect_used,
             reason = "callers check that a free range holds [start, start + bytes)"
@@ -465,7 +475,9 @@ impl Space {
     }
 
     fn free_locked(&self, inner: &mut Inner, start: u64, bytes: u64) {
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        if bytes == 0 {
+            return;
+        }
         debug_assert!(start >= self.data_offset && start + bytes <= self.volume_bytes);
         #[cfg(debug_assertions)]
         inner.allocated.check(start, bytes, true);
@@ -542,7 +554,7 @@ mod tests {
         let none = std::collections::HashSet::new();
         let ahead = space.allocate_provisional(&[4096, 5000]).unwrap();
         assert_eq!(ahead, vec![0, 4096]);
-        assert_eq!(space.free_bytes(), 61 * 4096);
+        assert_eq!(space.free_bytes(), 64 * 4096 - 9096);
         // In use in memory, free in a map written by a commit that does not link them.
         assert_eq!(
             space.persisted_free(&[], &none).unwrap(),
@@ -573,7 +585,11 @@ mod tests {
         let block = BLOCK_BYTES;
         let space = Space::new(0, 256 * block);
         let expect = |space: &Space| {
-            let sum: u64 = space.free_ranges().iter().map(|(_, l)| room_of(*l)).sum();
+            let sum: u64 = space
+                .free_ranges()
+                .iter()
+                .map(|(s, l)| room_of(*s, *l))
+                .sum();
             assert_eq!(space.room_bytes(), sum);
         };
         assert_eq!(space.room_bytes(), 256 * block - (PIECE_BYTES_MAX - block));
@@ -607,6 +623,78 @@ mod tests {
     }
 
     #[test]
+    fn a_run_packs_its_pieces_and_owns_whole_blocks() {
+        let block = BLOCK_BYTES;
+        let space = Space::new(0, 64 * block);
+        let run = space
+            .allocate_run(&[5000, 3000, 100], Purpose::Data)
+            .unwrap();
+        assert_eq!(run, vec![0, 5000, 8000]);
+        // The rest of the run's last block is free, but only whole blocks are handed out.
+        assert_eq!(space.free_bytes(), 64 * block - 8100);
+        assert_eq!(space.free_ranges()[0], (8100, 64 * block - 8100));
+        assert_eq!(space.allocate(1, Purpose::Data).unwrap(), 2 * block);
+        // A dead member leaves a hole no allocation takes while its block has live bytes.
+        space.release(5000, 3000);
+        assert_eq!(space.allocate(1000, Purpose::Data).unwrap(), 3 * block);
+        space.release(0, 5000);
+        space.release(8000, 100);
+        space.release(2 * block, 1);
+        space.release(3 * block, 1000);
+        assert_eq!(space.free_ranges(), vec![(0, 64 * block)]);
+        let again = space.allocate_run(&[4096, 4096], Purpose::Data).unwrap();
+        assert_eq!(
+            again,
+            vec![4 * block, 5 * block],
+            "next fit from the cursor"
+        );
+    }
+
+    /// Whatever is allocated and freed, no two allocations share a block unless one run
+    /// handed both out, and the free map is exactly what no allocation holds.
+    #[test]
+    fn allocations_never_share_a_block_with_another() {
+        use rand::{Rng, SeedableRng};
+        let block = BLOCK_BYTES;
+        let blocks = 256;
+        let space = Space::new(0, blocks * block);
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(8);
+        // (start, bytes, run number)
+        let mut live: Vec<(u64, u64, usize)> = Vec::new();
+        for round in 0..4000 {
+            if live.is_empty() || rng.gen_bool(0.55) {
+                let sizes: Vec<u64> = (0..rng.gen_range(1..6))
+                    .map(|_| rng.gen_range(1..3 * block))
+                    .collect();
+                let Ok(offsets) = space.allocate_run(&sizes, Purpose::Metadata) else {
+                    continue;
+                };
+                live.extend(offsets.into_iter().zip(sizes).map(|(o, s)| (o, s, round)));
+            } else {
+                let (start, bytes, _) = live.swap_remove(rng.gen_range(0..live.len()));
+                space.release(start, bytes);
+            }
+            let mut owner = vec![None; blocks as usize];
+            let mut used = vec![false; (blocks * block) as usize];
+            for &(start, bytes, run) in &live {
+                for b in start / block..(start + bytes).div_ceil(block) {
+                    let other = owner[b as usize].replace(run);
+                    assert!(
+                        other.is_none_or(|o| o == run),
+                        "block {b} shared by two runs"
+                    );
+                }
+                used[start as usize..(start + bytes) as usize].fill(true);
+            }
+            let free: u64 = space.free_ranges().iter().map(|(_, l)| l).sum();
+            assert_eq!(free, used.iter().filter(|u| !**u).count() as u64);
+            for (start, len) in space.free_ranges() {
+                assert!(!used[start as usize..(start + len) as usize].contains(&true));
+            }
+        }
+    }
+
+    #[test]
     fn data_stops_at_reserve_metadata_does_not() {
         let space = Space::new(0, 256 * 4096);
         let reserve = space.reserve_bytes();
@@ -632,10 +720,10 @@ mod tests {
         let run = space
             .allocate_run(&[4096, 100, 2 * 4096], Purpose::Data)
             .unwrap();
-        // Not in the holes: one range, back to back, each piece rounded to blocks.
-        assert_eq!(run, vec![run[0], run[0] + 4096, run[0] + 2 * 4096]);
+        // Not in the holes: one range, its pieces packed back to back.
+        assert_eq!(run, vec![run[0], run[0] + 4096, run[0] + 4196]);
         assert!(run[0] > b);
-        for (offset, bytes) in run.iter().zip([4096, 4096, 2 * 4096]) {
+        for (offset, bytes) in run.iter().zip([4096, 100, 2 * 4096]) {
             space.release(*offset, bytes);
         }
         assert_eq!(space.free_bytes(), 64 * 4096 - 2 * 4096);

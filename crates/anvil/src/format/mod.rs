@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use coding::{Reader, SliceWriter, Writer};
 
 /// The format version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u16 = 7;
+pub const FORMAT_VERSION: u16 = 8;
 /// Allocation unit of the volume.
 pub const BLOCK_BYTES: u64 = 4096;
 /// `BLOCK_BYTES` as a length in memory.

@@ -128,7 +128,9 @@ pub mod compression {
 /// reused only costs the bytes read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LocalitySet {
-    /// Blocks of the set before the extent's first block.
+    /// Blocks of the set before the extent's first block (the block holding its first
+    /// byte: since format version 8 a set's members are packed back to back, and one may
+    /// begin inside a block).
     pub before_blocks: u32,
     /// Blocks of the whole set; 0: the extent is in no set.
     pub blocks: u32,
@@ -150,7 +152,8 @@ impl LocalitySet {
 /// Where an extent's bytes live on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExtentRef {
-    /// Byte offset on the device (block aligned).
+    /// Byte offset on the device. Block aligned before format version 8; since then small
+    /// extents written together are packed back to back (`space`).
     pub offset: u64,
     /// Bytes stored on the device (after compression).
     pub stored_bytes: u32,
@@ -168,9 +171,24 @@ pub struct ExtentRef {
 pub const EXTENT_REF_BYTES: usize = 8 + 4 + 4 + 8 + 1;
 
 impl ExtentRef {
-    /// Bytes of the device this extent occupies (whole blocks).
+    /// Bytes of the device this extent owns: its stored bytes, no more. The rest of its
+    /// last block is free space that `space` hands out only with the whole block, once
+    /// every extent in it is gone.
     pub fn allocated_bytes(&self) -> u64 {
-        (self.stored_bytes as u64).div_ceil(super::BLOCK_BYTES) * super::BLOCK_BYTES
+        u64::from(self.stored_bytes)
+    }
+
+    /// The whole blocks the extent's bytes touch: their first byte and their length (what
+    /// a device read of the extent alone reads).
+    pub fn block_span(&self) -> (u64, u64) {
+        let block = super::BLOCK_BYTES;
+        let start = self.offset / block * block;
+        let end = self
+            .offset
+            .saturating_add(self.allocated_bytes())
+            .div_ceil(block)
+            * block;
+        (start, end - start)
     }
 
     /// The device range `[start, start + len)` of the extent's locality set, if it is in
@@ -180,10 +198,10 @@ impl ExtentRef {
         let block = super::BLOCK_BYTES;
         let before = u64::from(set.before_blocks) * block;
         let len = u64::from(set.blocks) * block;
-        let start = self.offset.checked_sub(before)?;
+        let start = (self.offset / block * block).checked_sub(before)?;
         (!set.is_none()
             && set.blocks <= LocalitySet::BLOCKS_MAX
-            && before + self.allocated_bytes() <= len)
+            && self.offset - start + self.allocated_bytes() <= len)
             .then_some((start, len))
     }
 

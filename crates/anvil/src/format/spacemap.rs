@@ -5,26 +5,32 @@
 //! volume as a mount would find it: ranges still held for readers of older roots in memory
 //! count as free, since after a restart no such reader exists.
 //!
-//! Payload: `count: u64`, then per range two LEB128 varints in blocks: the gap from the end
-//! of the previous range (from `data_offset` for the first; at least one block after the
-//! first, since ranges are coalesced) and the length (at least one block). The block is a
-//! multiple of `BLOCK_BYTES`, sealed like every other block (header, checksum, address).
+//! Payload: `count: u64`, then per range two LEB128 varints in bytes: the gap from the end
+//! of the previous range (from `data_offset` for the first; at least one byte after the
+//! first, since ranges are coalesced) and the length (at least one byte). Ranges are exact
+//! bytes since format version 8, which packs small extents back to back (`space`). Maps of
+//! older versions counted in whole blocks, and counted the rest of each extent's last block
+//! as used: `decode` gives `None` for them, and mount maps such a volume by walking its
+//! tree once. The block is a multiple of `BLOCK_BYTES`, sealed like every other block
+//! (header, checksum, address).
 
 use super::coding::{Reader, Writer};
 use super::{open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES};
 use super::{FORMAT_VERSION, HEADER_BYTES};
 use crate::error::{Error, Result};
 
-/// The encoded payload of `ranges` (sorted, disjoint, coalesced, block aligned).
+/// The first format version whose maps count bytes, not blocks.
+const BYTE_RANGES_SINCE: u16 = 8;
+
+/// The encoded payload of `ranges` (sorted, disjoint, coalesced).
 pub fn encode_payload(ranges: &[(u64, u64)], data_offset: u64) -> Vec<u8> {
-    let mut w = Writer::with_capacity(8 + ranges.len() * 4);
+    let mut w = Writer::with_capacity(8 + ranges.len() * 6);
     w.u64(ranges.len() as u64);
     let mut end = data_offset;
     for &(start, bytes) in ranges {
         debug_assert!(start >= end && bytes > 0);
-        debug_assert!(start % BLOCK_BYTES == 0 && bytes % BLOCK_BYTES == 0);
-        w.uvarint((start - end) / BLOCK_BYTES);
-        w.uvarint(bytes / BLOCK_BYTES);
+        w.uvarint(start - end);
+        w.uvarint(bytes);
         end = start + bytes;
     }
     w.bytes
@@ -60,7 +66,8 @@ pub fn seal(
 }
 
 /// Decodes and validates a map block read from `address`: written for this volume at `tid`,
-/// every range inside `[data_offset, volume_bytes)`, aligned, sorted and coalesced.
+/// every range inside `[data_offset, volume_bytes)`, sorted and coalesced. `None` for a map
+/// an older format version wrote in whole blocks (see the module comment).
 pub fn decode(
     bytes: &[u8],
     volume_id: &VolumeId,
@@ -68,7 +75,7 @@ pub fn decode(
     tid: u64,
     data_offset: u64,
     volume_bytes: u64,
-) -> Result<Vec<(u64, u64)>> {
+) -> Result<Option<Vec<(u64, u64)>>> {
     let expect = Expect {
         block_type: BlockType::SpaceMap,
         volume_id: Some(volume_id),
@@ -76,6 +83,9 @@ pub fn decode(
     };
     let (header, payload) = open_block(bytes, &expect)?;
     let location = format!("space map at byte {address}");
+    if header.version < BYTE_RANGES_SINCE {
+        return Ok(None);
+    }
     if header.tid != tid {
         return Err(Error::corrupt(
             format!(
@@ -99,14 +109,11 @@ pub fn decode(
     let mut end = data_offset;
     for index in 0..count {
         let gap = r.uvarint()?;
-        let blocks = r.uvarint()?;
-        let start = gap
-            .checked_mul(BLOCK_BYTES)
-            .and_then(|g| end.checked_add(g));
-        let bytes = blocks.checked_mul(BLOCK_BYTES);
-        let range_end = start.zip(bytes).and_then(|(s, b)| s.checked_add(b));
-        match (start, bytes, range_end) {
-            (Some(start), Some(bytes), Some(range_end))
+        let bytes = r.uvarint()?;
+        let start = end.checked_add(gap);
+        let range_end = start.and_then(|s| s.checked_add(bytes));
+        match (start, range_end) {
+            (Some(start), Some(range_end))
                 if bytes > 0 && (gap > 0 || index == 0) && range_end <= volume_bytes =>
             {
                 ranges.push((start, bytes));
@@ -145,7 +152,7 @@ pub fn decode(
             location,
         ));
     }
-    Ok(ranges)
+    Ok(Some(ranges))
 }
 
 #[cfg(test)]
@@ -160,6 +167,7 @@ mod tests {
         let bytes = block_bytes_for(payload.len());
         let block = seal(&payload, [3; 16], 9, DATA + 8192, bytes);
         decode(&block, &[3; 16], DATA + 8192, 9, DATA, END)
+            .map(|ranges| ranges.expect("a map of this version counts bytes"))
     }
 
     #[test]
@@ -171,6 +179,30 @@ mod tests {
         ];
         assert_eq!(round_trip(&ranges).unwrap(), ranges);
         assert_eq!(round_trip(&[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn packed_ranges_round_trip_to_the_byte() {
+        let ranges = vec![(DATA + 5000, 3192), (DATA + 4096 * 7 + 1, 1)];
+        assert_eq!(round_trip(&ranges).unwrap(), ranges);
+    }
+
+    #[test]
+    fn a_map_in_blocks_is_left_to_the_tree_walk() {
+        // Format version 7 counted blocks, and the rest of each extent's last block as used.
+        let header = BlockHeader {
+            version: BYTE_RANGES_SINCE - 1,
+            block_type: BlockType::SpaceMap,
+            volume_id: [3; 16],
+            tid: 9,
+            address: DATA + 8192,
+            payload_bytes: 0,
+        };
+        let block = seal_block(&header, &encode_payload(&[(DATA, 1)], DATA), 4096);
+        assert_eq!(
+            decode(&block, &[3; 16], DATA + 8192, 9, DATA, END).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::format::record::{
 };
 use crate::format::stream::{Item, StreamHeader, StreamReader, StreamWriter};
 use crate::format::superblock::Superblock;
-use crate::format::{VolumeId, BLOCK_BYTES, BLOCK_LEN};
+use crate::format::{VolumeId, BLOCK_LEN};
 use crate::space::Purpose;
 use std::collections::BTreeMap;
 use std::collections::HashSet;
@@ -943,7 +943,9 @@ impl<'a> ExtentWriter<'a> {
     }
 
     fn write(&mut self, stored: &[u8]) -> Result<u64> {
-        let bytes = (stored.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        // The extent owns its stored bytes; the rest of its last block is written as zeros
+        // but stays free (`space`), and the next allocation begins at the next block.
+        let bytes = stored.len() as u64;
         let offset = self.volume.space.allocate(bytes, Purpose::Data)?;
         self.allocated.push((offset, bytes));
         if !self.run.is_empty()
@@ -956,7 +958,6 @@ impl<'a> ExtentWriter<'a> {
             self.run_start = offset;
         }
         self.run.extend_from_slice(stored);
-        // bytes is the length rounded up to whole blocks.
         let padding = stored.len().next_multiple_of(BLOCK_LEN) - stored.len();
         self.run.resize(self.run.len() + padding, 0);
         Ok(offset)

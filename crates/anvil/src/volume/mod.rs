@@ -1274,13 +1274,15 @@ impl Volume {
         order.sort_by_key(|&i| extents[i].offset);
         let mut start = 0;
         while start < order.len() {
-            // A run: each extent begins where the previous one's blocks end.
+            // A run: each extent begins where the previous one ends, or in the next block.
             let mut end = start + 1;
             while end < order.len() {
                 let previous = &extents[order[end - 1]];
                 let next = &extents[order[end]];
-                let contiguous =
-                    previous.offset.checked_add(previous.allocated_bytes()) == Some(next.offset);
+                let contiguous = previous
+                    .offset
+                    .checked_add(previous.allocated_bytes())
+                    .is_some_and(|e| (e..=e.next_multiple_of(BLOCK_BYTES)).contains(&next.offset));
                 if !contiguous || next.offset - extents[order[start]].offset > RUN_BYTES_MAX {
                     break;
                 }
@@ -1297,17 +1299,17 @@ impl Volume {
                 reason = "a run in bounds is at most RUN_BYTES_MAX plus one extent of at most \
                           a chunk"
             )]
-            let run_bytes = if in_bounds {
-                (last.offset + last.allocated_bytes() - first.offset) as usize
+            let (run_start, run_bytes) = if in_bounds {
+                let (run_start, _) = first.block_span();
+                let (last_start, last_bytes) = last.block_span();
+                (run_start, (last_start + last_bytes - run_start) as usize)
             } else {
-                0
+                (first.offset, 0)
             };
             let mut scratch = RUN_BUFFER.take();
             let buffer = crate::device::file::aligned_scratch(&mut scratch, run_bytes);
             let read = if in_bounds {
-                self.device
-                    .read_at(buffer, first.offset)
-                    .map_err(Error::from)
+                self.device.read_at(buffer, run_start).map_err(Error::from)
             } else {
                 Err(Error::corrupt(
                     "extent outside the data area",
@@ -1322,7 +1324,7 @@ impl Volume {
                             clippy::cast_possible_truncation,
                             reason = "the extent lies inside the run, so below run_bytes"
                         )]
-                        let at = (extent.offset - first.offset) as usize;
+                        let at = (extent.offset - run_start) as usize;
                         let stored = &buffer[at..at + extent.stored_bytes as usize];
                         decode_extent(extent, stored).map(|bytes| {
                             let bytes = Arc::new(bytes);
@@ -1997,13 +1999,12 @@ impl Volume {
         }
     }
 
-    /// Places extents side by side and writes each contiguous run as one request, straight
-    /// from the chunk buffers.
+    /// Places extents side by side, packed back to back, and writes each contiguous run as
+    /// one request, straight from the chunk buffers.
     fn write_extents(&self, mutations: &mut [Mutation], data: Vec<(usize, Stored)>) -> Result<()> {
-        static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
         let (data, groups, keep) = self.order_by_locality(mutations, data);
         let mut recent = HashMap::new();
-        let mut placed: Vec<(u64, u64, &Stored)> = Vec::with_capacity(data.len());
+        let mut placed: Vec<(u64, &[u8])> = Vec::with_capacity(data.len());
         let sizes: Vec<u64> = data.iter().map(|(_, s)| s.allocated_bytes()).collect();
         let (offsets, runs) = self.place_clustered(&sizes)?;
         if self.clusters_wanted.load(Ordering::Relaxed) {
@@ -2013,7 +2014,6 @@ impl Volume {
         for ((((index, stored), offset), set), keep) in data.iter().zip(offsets).zip(sets).zip(keep)
         {
             let bytes = stored.bytes();
-            let allocated = stored.allocated_bytes();
             // A moved extent was never counted as pending.
             if !matches!(mutations[*index], Mutation::Relocate(..)) {
                 let counted = stored.logical_bytes() as u64 + 64;
@@ -2048,33 +2048,53 @@ impl Volume {
             if keep {
                 recent.insert(offset, (extent, stored.clone()));
             }
-            placed.push((offset, allocated, stored));
+            placed.push((offset, bytes));
         }
         *self.recent.lock() = recent;
+        self.write_placed(&placed, |slices, at| {
+            self.device.write_vectored_at(slices, at)
+        })?;
+        Ok(())
+    }
+
+    /// Writes data placed by `space` (`(offset, bytes)` in device order) in as few requests
+    /// as `write` can take: pieces that lie back to back go together, up to
+    /// `DATA_RUN_BYTES_MAX` and cut only where a piece begins a block, and each request ends
+    /// with zeros up to its last block's end. Every request then covers whole blocks, which
+    /// no other allocation shares. Counts the bytes of each request that succeeds.
+    fn write_placed(
+        &self,
+        placed: &[(u64, &[u8])],
+        mut write: impl FnMut(&[&[u8]], u64) -> std::io::Result<()>,
+    ) -> Result<()> {
+        static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
         let mut start = 0;
         while start < placed.len() {
             let mut end = start + 1;
-            let mut run_bytes = placed[start].1;
+            let mut run_end = placed[start].0 + placed[start].1.len() as u64;
             while end < placed.len()
-                && placed[end - 1].0 + placed[end - 1].1 == placed[end].0
-                && run_bytes < DATA_RUN_BYTES_MAX
+                && run_end == placed[end].0
+                && (run_end - placed[start].0 < DATA_RUN_BYTES_MAX
+                    || placed[end].0 % BLOCK_BYTES != 0)
             {
-                run_bytes += placed[end].1;
+                run_end += placed[end].1.len() as u64;
                 end += 1;
             }
-            let mut slices: Vec<&[u8]> = Vec::with_capacity(2 * (end - start));
-            for (_, _, stored) in &placed[start..end] {
-                let bytes = stored.bytes();
-                slices.push(bytes);
-                // allocated is the length rounded up to whole blocks.
-                let padding = bytes.len().next_multiple_of(BLOCK_LEN) - bytes.len();
-                bump(&self.counters.written.padding, padding as u64);
-                if padding > 0 {
-                    slices.push(&ZEROS[..padding]);
-                }
+            let mut slices: Vec<&[u8]> = placed[start..end].iter().map(|(_, b)| *b).collect();
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "less than one block of padding"
+            )]
+            let padding = (run_end.next_multiple_of(BLOCK_BYTES) - run_end) as usize;
+            if padding > 0 {
+                slices.push(&ZEROS[..padding]);
             }
-            self.device.write_vectored_at(&slices, placed[start].0)?;
-            bump(&self.counters.written.data, run_bytes);
+            write(&slices, placed[start].0)?;
+            bump(
+                &self.counters.written.data,
+                run_end - placed[start].0 + padding as u64,
+            );
+            bump(&self.counters.written.padding, padding as u64);
             start = end;
         }
         Ok(())
@@ -2089,7 +2109,6 @@ impl Volume {
     /// again; after its flush the host may drop what it cached of them.
     /// Extents an operation does not take must go back through `release_direct`.
     pub fn write_direct(&self, chunks: &[&[u8]], codec: u8) -> Result<Vec<ExtentRef>> {
-        static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
         if self.is_read_only() {
             return Err(self.read_only_error());
         }
@@ -2104,9 +2123,7 @@ impl Volume {
                 None => chunks[i],
             }
         };
-        let sizes: Vec<u64> = (0..chunks.len())
-            .map(|i| (stored(i).len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES)
-            .collect();
+        let sizes: Vec<u64> = (0..chunks.len()).map(|i| stored(i).len() as u64).collect();
         let offsets = match self.space.allocate_provisional(&sizes) {
             Ok(offsets) => offsets,
             // No free range holds them all: each where it fits.
@@ -2147,34 +2164,14 @@ impl Volume {
             })
             .collect();
         // Neighbours on the device go in one request.
-        let mut start = 0;
-        while start < extents.len() {
-            let mut end = start + 1;
-            while end < extents.len() && offsets[end - 1] + sizes[end - 1] == offsets[end] {
-                end += 1;
-            }
-            let mut slices: Vec<&[u8]> = Vec::with_capacity(2 * (end - start));
-            let mut padded = 0;
-            for i in start..end {
-                let bytes = stored(i);
-                slices.push(bytes);
-                let padding = bytes.len().next_multiple_of(BLOCK_LEN) - bytes.len();
-                padded += padding as u64;
-                if padding > 0 {
-                    slices.push(&ZEROS[..padding]);
-                }
-            }
-            if let Err(e) = self
-                .device
-                .write_staged_vectored_at(&slices, offsets[start])
-            {
-                self.release_direct(&extents);
-                return Err(e.into());
-            }
-            let bytes: usize = slices.iter().map(|s| s.len()).sum();
-            bump(&self.counters.written.data, bytes as u64);
-            bump(&self.counters.written.padding, padded);
-            start = end;
+        let mut placed: Vec<(u64, &[u8])> =
+            (0..chunks.len()).map(|i| (offsets[i], stored(i))).collect();
+        placed.sort_unstable_by_key(|(offset, _)| *offset);
+        if let Err(e) = self.write_placed(&placed, |slices, at| {
+            self.device.write_staged_vectored_at(slices, at)
+        }) {
+            self.release_direct(&extents);
+            return Err(e);
         }
         // What was just written is what is read next (a file read back, or a chunk
         // written in part soon after): one copy into the cache, as a commit leaves the
@@ -2986,23 +2983,14 @@ impl Volume {
             }
         }
         let mut mutations = touched;
-        let mut placed: Vec<(u64, Vec<&[u8]>)> = Vec::new();
-        static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
-        for (key, extent, stored) in &moving {
+        // Packed back to back in key order, as a commit packs what it writes: the holes
+        // that dead members left in blocks shared with live ones close up.
+        let sizes: Vec<u64> = moving.iter().map(|(_, e, _)| e.allocated_bytes()).collect();
+        let (offsets, _) = self.place_clustered(&sizes)?;
+        let mut placed: Vec<(u64, &[u8])> = Vec::with_capacity(moving.len());
+        for ((key, extent, stored), offset) in moving.iter().zip(offsets) {
             let allocated = extent.allocated_bytes();
-            let offset = self.space.allocate(allocated, Purpose::Metadata)?;
-            // allocated_bytes is stored_bytes rounded up to whole blocks.
-            let padding = stored.len().next_multiple_of(BLOCK_LEN) - stored.len();
-            bump(&self.counters.written.padding, padding as u64);
-            match placed.last_mut() {
-                Some((start, slices))
-                    if *start + slices.iter().map(|s| s.len() as u64).sum::<u64>() == offset =>
-                {
-                    slices.push(stored);
-                    slices.push(&ZEROS[..padding]);
-                }
-                _ => placed.push((offset, vec![stored.as_slice(), &ZEROS[..padding]])),
-            }
+            placed.push((offset, stored));
             // Moved out of its set: the blocks around the new place are other data.
             let moved = ExtentRef {
                 offset,
@@ -3013,11 +3001,9 @@ impl Volume {
             step.extents_moved += 1;
             step.bytes_moved += allocated;
         }
-        for (offset, slices) in &placed {
-            self.device.write_vectored_at(slices, *offset)?;
-            let bytes: usize = slices.iter().map(|s| s.len()).sum();
-            bump(&self.counters.written.data, bytes as u64);
-        }
+        self.write_placed(&placed, |slices, at| {
+            self.device.write_vectored_at(slices, at)
+        })?;
         mutations.sort_by_key(Mutation::key);
         let previous = self.state.lock().superblock.clone();
         let mut ctx = CommitContext::new(self.loader(), &self.space, previous.committed_tid);
@@ -3107,9 +3093,9 @@ impl Stored {
             None => &self.value,
         }
     }
-    /// The whole blocks the stored bytes take on the device.
+    /// The bytes the extent will own on the device: its stored bytes (packed, not padded).
     fn allocated_bytes(&self) -> u64 {
-        (self.bytes().len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
+        self.bytes().len() as u64
     }
     #[expect(
         clippy::cast_possible_truncation,
@@ -3188,13 +3174,16 @@ fn locality_sets(
             if group == 0 || members.len() < 2 {
                 continue;
             }
-            let start = offsets[members.start];
-            let bytes: u64 = sizes[members.clone()].iter().sum();
-            let Ok(blocks) = u32::try_from(bytes / BLOCK_BYTES) else {
+            // Whole blocks: the first member may begin, and the last end, inside one.
+            let start = offsets[members.start] / BLOCK_BYTES * BLOCK_BYTES;
+            let last = members.end - 1;
+            let end = (offsets[last] + sizes[last]).next_multiple_of(BLOCK_BYTES);
+            let Ok(blocks) = u32::try_from((end - start) / BLOCK_BYTES) else {
                 continue;
             };
             for at in members {
-                let Ok(before_blocks) = u32::try_from((offsets[at] - start) / BLOCK_BYTES) else {
+                let first_block = offsets[at] / BLOCK_BYTES * BLOCK_BYTES;
+                let Ok(before_blocks) = u32::try_from((first_block - start) / BLOCK_BYTES) else {
                     continue;
                 };
                 sets[at] = LocalitySet {
@@ -3286,7 +3275,7 @@ struct SpaceMapPlace {
 }
 
 /// The free ranges recorded by the space map the superblock's commit wrote, or `None` if it
-/// wrote none. The map is checked as a block and for order and bounds, not against the tree.
+/// wrote none or one in whole blocks (before format version 8: the tree is walked instead). The map is checked as a block and for order and bounds, not against the tree.
 pub fn read_space_map(device: &dyn Device, sb: &Superblock) -> Result<Option<Vec<(u64, u64)>>> {
     if sb.space_map_address == 0 {
         return Ok(None);
@@ -3307,7 +3296,7 @@ pub fn read_space_map(device: &dyn Device, sb: &Superblock) -> Result<Option<Vec
         sb.data_offset,
         sb.volume_bytes,
     )?;
-    Ok(Some(ranges))
+    Ok(ranges)
 }
 
 /// The free map as the superblock's commit recorded it, or `None` without a map.
