@@ -2058,43 +2058,52 @@ impl Volume {
     }
 
     /// Writes data placed by `space` (`(offset, bytes)` in device order) in as few requests
-    /// as `write` can take: pieces that lie back to back go together, up to
-    /// `DATA_RUN_BYTES_MAX` and cut only where a piece begins a block, and each request ends
-    /// with zeros up to its last block's end. Every request then covers whole blocks, which
-    /// no other allocation shares. Counts the bytes of each request that succeeds.
+    /// as `write` can take: pieces that lie back to back go together, and so does a piece
+    /// that begins the block after the run's last one (an allocation of its own), with zeros
+    /// over the free end of that block. A run is cut after `DATA_RUN_BYTES_MAX` only where
+    /// a piece begins a block, and each request ends with zeros up to its last block's end,
+    /// so every request covers whole blocks that no other allocation shares. Counts the
+    /// bytes of each request that succeeds.
     fn write_placed(
         &self,
         placed: &[(u64, &[u8])],
         mut write: impl FnMut(&[&[u8]], u64) -> std::io::Result<()>,
     ) -> Result<()> {
         static ZEROS: [u8; BLOCK_LEN] = [0; BLOCK_LEN];
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "zeros only up to a block's end"
+        )]
+        let zeros = |from: u64, to: u64| &ZEROS[..(to - from) as usize];
         let mut start = 0;
         while start < placed.len() {
+            let first = placed[start].0;
+            let mut slices: Vec<&[u8]> = vec![placed[start].1];
+            let mut run_end = first + placed[start].1.len() as u64;
+            let mut padding = 0;
             let mut end = start + 1;
-            let mut run_end = placed[start].0 + placed[start].1.len() as u64;
-            while end < placed.len()
-                && run_end == placed[end].0
-                && (run_end - placed[start].0 < DATA_RUN_BYTES_MAX
-                    || placed[end].0 % BLOCK_BYTES != 0)
-            {
-                run_end += placed[end].1.len() as u64;
+            while let Some(&(next, bytes)) = placed.get(end) {
+                let joins = next >= run_end && next <= run_end.next_multiple_of(BLOCK_BYTES);
+                let long = run_end - first >= DATA_RUN_BYTES_MAX && next % BLOCK_BYTES == 0;
+                if !joins || long {
+                    break;
+                }
+                if next > run_end {
+                    slices.push(zeros(run_end, next));
+                    padding += next - run_end;
+                }
+                slices.push(bytes);
+                run_end = next + bytes.len() as u64;
                 end += 1;
             }
-            let mut slices: Vec<&[u8]> = placed[start..end].iter().map(|(_, b)| *b).collect();
-            #[expect(
-                clippy::cast_possible_truncation,
-                reason = "less than one block of padding"
-            )]
-            let padding = (run_end.next_multiple_of(BLOCK_BYTES) - run_end) as usize;
-            if padding > 0 {
-                slices.push(&ZEROS[..padding]);
+            let block_end = run_end.next_multiple_of(BLOCK_BYTES);
+            if block_end > run_end {
+                slices.push(zeros(run_end, block_end));
+                padding += block_end - run_end;
             }
-            write(&slices, placed[start].0)?;
-            bump(
-                &self.counters.written.data,
-                run_end - placed[start].0 + padding as u64,
-            );
-            bump(&self.counters.written.padding, padding as u64);
+            write(&slices, first)?;
+            bump(&self.counters.written.data, block_end - first);
+            bump(&self.counters.written.padding, padding);
             start = end;
         }
         Ok(())
