@@ -318,6 +318,16 @@ fn fixed_workloads() -> Vec<(&'static str, Vec<Step>)> {
             steps.push(Step::Fsync);
             steps.extend(write_file("/d/small-7", pattern(9000, 9), false));
             steps.push(Step::Sync);
+            // Packed beside the holes the deletes left: whole free blocks only, so a torn
+            // write of this commit's run cannot reach the durable files around the holes.
+            for i in 0..8 {
+                steps.extend(write_file(
+                    format!("/d/later-{i}"),
+                    pattern(700 + i * 900, 40 + i as u8),
+                    false,
+                ));
+            }
+            steps.push(Step::Sync);
             steps
         }),
         (

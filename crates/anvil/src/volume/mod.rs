@@ -1891,15 +1891,15 @@ impl Volume {
         for extent in dead {
             self.cache.remove_extent(extent);
         }
-        let mut ranges: Vec<(u64, u64)> = ahead
-            .iter()
-            .map(|e| (e.offset, e.allocated_bytes()))
-            .collect();
+        // Whole blocks: the host drops only whole pages, and packed extents share theirs.
+        let mut ranges: Vec<(u64, u64)> = ahead.iter().map(ExtentRef::block_span).collect();
         ranges.sort_unstable();
         let mut run: Option<(u64, u64)> = None;
         for (offset, bytes) in ranges {
             run = match run {
-                Some((start, len)) if start + len == offset => Some((start, len + bytes)),
+                Some((start, len)) if offset <= start + len => {
+                    Some((start, len.max(offset + bytes - start)))
+                }
                 Some((start, len)) => {
                     self.device.forget_staged(start, len);
                     Some((offset, bytes))
