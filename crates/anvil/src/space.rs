@@ -36,9 +36,14 @@ pub struct Space {
 
 struct Inner {
     /// start -> length, coalesced, in bytes (not block aligned: see the module comment).
-    /// Changed only through `insert_free` and `remove_free`, which keep `room` with it.
+    /// Changed only through `insert_free` and `remove_free`, which keep `room` and
+    /// `whole_bytes` with it.
     free: BTreeMap<u64, u64>,
+    /// Bytes of the free ranges, to the byte (what the space map records).
     free_bytes: u64,
+    /// Bytes of the free ranges' whole blocks: what allocations can take. A range's ends
+    /// inside blocks that hold other bytes in use are free but not counted here.
+    whole_bytes: u64,
     /// What the free ranges surely hold of pieces up to `PIECE_BYTES_MAX`, however sized
     /// (`room_of`, summed).
     room: u64,
@@ -127,12 +132,14 @@ fn blocks_for(bytes: u64) -> u64 {
 impl Inner {
     fn insert_free(&mut self, start: u64, len: u64) {
         self.room += room_of(start, len);
+        self.whole_bytes += whole_blocks(start, len).map_or(0, |(_, l)| l);
         self.free.insert(start, len);
     }
 
     fn remove_free(&mut self, start: u64) {
         if let Some(len) = self.free.remove(&start) {
             self.room -= room_of(start, len);
+            self.whole_bytes -= whole_blocks(start, len).map_or(0, |(_, l)| l);
         }
     }
 
@@ -163,6 +170,7 @@ impl Space {
             inner: Mutex::new(Inner {
                 free,
                 free_bytes: data_bytes,
+                whole_bytes: data_bytes,
                 room: room_of(data_offset, data_bytes),
                 cursor: data_offset,
                 deferred: BTreeMap::new(),
@@ -190,6 +198,7 @@ impl Space {
             let mut inner = space.inner.lock();
             inner.free.clear();
             inner.free_bytes = 0;
+            inner.whole_bytes = 0;
             inner.room = 0;
             let mut end = data_offset;
             for &(start, bytes) in free {
@@ -290,8 +299,10 @@ impl Space {
     pub fn data_bytes(&self) -> u64 {
         self.volume_bytes - self.data_offset
     }
+    /// Free bytes that allocations can take: those of whole free blocks. What every guard
+    /// of the volume's space compares with (the reserve, commits when tight, statfs).
     pub fn free_bytes(&self) -> u64 {
-        self.inner.lock().free_bytes
+        self.inner.lock().whole_bytes
     }
     /// Bytes of pieces of at most `PIECE_BYTES_MAX` (extents and nodes) that the free space
     /// surely takes, however it is cut up: less than `free_bytes` by up to a piece a free
@@ -300,8 +311,11 @@ impl Space {
     pub fn room_bytes(&self) -> u64 {
         self.inner.lock().room
     }
+    /// Bytes that nodes, extents and maps hold, to the byte (what the space map leaves
+    /// used). The free ends of blocks that hold used bytes are in neither this nor
+    /// `free_bytes`.
     pub fn used_bytes(&self) -> u64 {
-        self.data_bytes() - self.free_bytes()
+        self.data_bytes() - self.inner.lock().free_bytes
     }
     /// Bytes kept back from ordinary writes so that deletes and commits still work when full.
     pub fn reserve_bytes(&self) -> u64 {
@@ -335,9 +349,10 @@ impl Space {
         Ok(offsets)
     }
 
-    /// Allocates `bytes` (whole blocks) exactly at `start` if that range is free: metadata that should lie right after something just written (a commit's space
-    /// map after its last nodes, written in the same request). False, changing nothing,
-    /// when any of it is in use.
+    /// Allocates `bytes` (whole blocks) exactly at `start` if that range is free: metadata
+    /// that should lie right after something just written (a commit's space map after its
+    /// last nodes, written in the same request). False, changing nothing, when any of it
+    /// is in use.
     pub fn allocate_at(&self, start: u64, bytes: u64) -> bool {
         debug_assert!(bytes % BLOCK_BYTES == 0);
         let mut inner = self.inner.lock();
@@ -364,10 +379,10 @@ impl Space {
         } else {
             0
         };
-        if inner.free_bytes < bytes + floor {
+        let blocks = blocks_for(bytes).max(BLOCK_BYTES);
+        if inner.whole_bytes < blocks + floor {
             return Err(Error::NoSpace);
         }
-        let blocks = blocks_for(bytes).max(BLOCK_BYTES);
         // Where the whole blocks of a free range hold `blocks`, the first such block.
         let fits = |(s, l): (&u64, &u64)| {
             whole_blocks(*s, *l)
@@ -554,7 +569,8 @@ mod tests {
         let none = std::collections::HashSet::new();
         let ahead = space.allocate_provisional(&[4096, 5000]).unwrap();
         assert_eq!(ahead, vec![0, 4096]);
-        assert_eq!(space.free_bytes(), 64 * 4096 - 9096);
+        assert_eq!(space.free_bytes(), 61 * 4096, "whole blocks only");
+        assert_eq!(space.used_bytes(), 9096);
         // In use in memory, free in a map written by a commit that does not link them.
         assert_eq!(
             space.persisted_free(&[], &none).unwrap(),
@@ -631,7 +647,8 @@ mod tests {
             .unwrap();
         assert_eq!(run, vec![0, 5000, 8000]);
         // The rest of the run's last block is free, but only whole blocks are handed out.
-        assert_eq!(space.free_bytes(), 64 * block - 8100);
+        assert_eq!(space.used_bytes(), 8100);
+        assert_eq!(space.free_bytes(), 62 * block, "whole blocks only");
         assert_eq!(space.free_ranges()[0], (8100, 64 * block - 8100));
         assert_eq!(space.allocate(1, Purpose::Data).unwrap(), 2 * block);
         // A dead member leaves a hole no allocation takes while its block has live bytes.
@@ -688,6 +705,15 @@ mod tests {
             }
             let free: u64 = space.free_ranges().iter().map(|(_, l)| l).sum();
             assert_eq!(free, used.iter().filter(|u| !**u).count() as u64);
+            assert_eq!(space.used_bytes(), blocks * block - free);
+            let whole = (0..blocks)
+                .filter(|b| !used[(b * block) as usize..((b + 1) * block) as usize].contains(&true))
+                .count() as u64;
+            assert_eq!(
+                space.free_bytes(),
+                whole * block,
+                "free bytes are whole free blocks"
+            );
             for (start, len) in space.free_ranges() {
                 assert!(!used[start as usize..(start + len) as usize].contains(&true));
             }

@@ -2078,6 +2078,7 @@ impl Volume {
         let mut start = 0;
         while start < placed.len() {
             let first = placed[start].0;
+            debug_assert!(first % BLOCK_BYTES == 0, "a write request begins a block");
             let mut slices: Vec<&[u8]> = vec![placed[start].1];
             let mut run_end = first + placed[start].1.len() as u64;
             let mut padding = 0;
@@ -3284,7 +3285,8 @@ struct SpaceMapPlace {
 }
 
 /// The free ranges recorded by the space map the superblock's commit wrote, or `None` if it
-/// wrote none or one in whole blocks (before format version 8: the tree is walked instead). The map is checked as a block and for order and bounds, not against the tree.
+/// wrote none or one in whole blocks (before format version 8: the tree is walked instead).
+/// The map is checked as a block and for order and bounds, not against the tree.
 pub fn read_space_map(device: &dyn Device, sb: &Superblock) -> Result<Option<Vec<(u64, u64)>>> {
     if sb.space_map_address == 0 {
         return Ok(None);
