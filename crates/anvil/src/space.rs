@@ -40,7 +40,7 @@ struct Inner {
     /// `whole_bytes` with it.
     free: BTreeMap<u64, u64>,
     /// Bytes of the free ranges, to the byte (what the space map records).
-    free_bytes: u64,
+    free_exact: u64,
     /// Bytes of the free ranges' whole blocks: what allocations can take. A range's ends
     /// inside blocks that hold other bytes in use are free but not counted here.
     whole_bytes: u64,
@@ -169,7 +169,7 @@ impl Space {
         Space {
             inner: Mutex::new(Inner {
                 free,
-                free_bytes: data_bytes,
+                free_exact: data_bytes,
                 whole_bytes: data_bytes,
                 room: room_of(data_offset, data_bytes),
                 cursor: data_offset,
@@ -197,7 +197,7 @@ impl Space {
         {
             let mut inner = space.inner.lock();
             inner.free.clear();
-            inner.free_bytes = 0;
+            inner.free_exact = 0;
             inner.whole_bytes = 0;
             inner.room = 0;
             let mut end = data_offset;
@@ -212,7 +212,7 @@ impl Space {
                     ));
                 }
                 inner.insert_free(start, bytes);
-                inner.free_bytes += bytes;
+                inner.free_exact += bytes;
                 end = start + bytes;
             }
         }
@@ -315,7 +315,7 @@ impl Space {
     /// used). The free ends of blocks that hold used bytes are in neither this nor
     /// `free_bytes`.
     pub fn used_bytes(&self) -> u64 {
-        self.data_bytes() - self.inner.lock().free_bytes
+        self.data_bytes() - self.inner.lock().free_exact
     }
     /// Bytes kept back from ordinary writes so that deletes and commits still work when full.
     pub fn reserve_bytes(&self) -> u64 {
@@ -480,7 +480,7 @@ impl Space {
         if end < range_start + range_len {
             inner.insert_free(end, range_start + range_len - end);
         }
-        inner.free_bytes -= bytes;
+        inner.free_exact -= bytes;
     }
 
     /// Returns a range to the free map, coalescing with neighbours.
@@ -514,7 +514,7 @@ impl Space {
             }
         }
         inner.insert_free(new_start, new_len);
-        inner.free_bytes += bytes;
+        inner.free_exact += bytes;
     }
 }
 
