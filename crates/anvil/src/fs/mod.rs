@@ -1322,10 +1322,13 @@ impl Filesystem {
                 if let Some(existing) = &existing {
                     chunk.extend_from_slice(&existing[..valid]);
                 }
-                if chunk.len() < at + src.len() {
-                    chunk.resize(at + src.len(), 0);
+                // Zeros only for a hole before the bytes written, not under them.
+                if chunk.len() < at {
+                    chunk.resize(at, 0);
                 }
-                chunk[at..at + src.len()].copy_from_slice(src);
+                let overlap = (chunk.len() - at).min(src.len());
+                chunk[at..at + overlap].copy_from_slice(&src[..overlap]);
+                chunk.extend_from_slice(&src[overlap..]);
                 // The chunk is rewritten whole: its patches are part of it now.
                 chunk::drop_patches(tx, ino, index, index)?;
                 let chunk = Arc::new(chunk);

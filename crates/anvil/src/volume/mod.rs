@@ -466,6 +466,9 @@ struct Counters {
     commits: (AtomicU64, AtomicU64),
     throttled: (AtomicU64, AtomicU64),
     log_waits: (AtomicU64, AtomicU64),
+    /// Changes that found the log ring full: those that waited for the commit under way,
+    /// and those that committed themselves (`log_changes`).
+    log_full: ((AtomicU64, AtomicU64), (AtomicU64, AtomicU64)),
     /// Files commits moved to join their locality group (`regroup`), and their bytes.
     regrouped: (AtomicU64, AtomicU64),
     /// Bytes written to the device, by what they hold: file data placed by commits (moved
@@ -1048,6 +1051,10 @@ impl Volume {
             ("throttled_ms", millis(&c.throttled)),
             ("log_waits", c.log_waits.0.load(Ordering::Relaxed)),
             ("log_wait_ms", millis(&c.log_waits)),
+            ("log_full_waits", c.log_full.0 .0.load(Ordering::Relaxed)),
+            ("log_full_wait_ms", millis(&c.log_full.0)),
+            ("log_full_commits", c.log_full.1 .0.load(Ordering::Relaxed)),
+            ("log_full_commit_ms", millis(&c.log_full.1)),
             ("regrouped_files", c.regrouped.0.load(Ordering::Relaxed)),
             ("regrouped_mib", c.regrouped.1.load(Ordering::Relaxed) >> 20),
             ("data_written_mib", mib(&c.written.data)),
@@ -2654,9 +2661,23 @@ impl Volume {
             }
             return_unlogged(&mut self.state.lock().active, &unlogged);
             drop(ring);
-            // Too large, or no room until a commit: commit (which makes these changes
-            // durable and frees the ring), then log whatever came after.
-            self.commit()?;
+            // No room until a commit, or too large. A commit under way frees the ring when
+            // it is durable: wait for it and try again. Committing here instead waited for
+            // that commit and then made one more on this caller's time, of a group the
+            // committer would have taken. With none under way, commit (which makes these
+            // changes durable and frees the ring), then log whatever came after.
+            let started = std::time::Instant::now();
+            match self.commit_lock.try_lock() {
+                Some(_commit) => {
+                    self.commit_requested.store(false, Ordering::Release);
+                    self.commit_locked()?;
+                    self.counters.waited(&self.counters.log_full.1, started);
+                }
+                None => {
+                    drop(self.commit_lock.lock());
+                    self.counters.waited(&self.counters.log_full.0, started);
+                }
+            }
         }
     }
 
