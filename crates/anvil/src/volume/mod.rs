@@ -43,7 +43,7 @@ use crate::format::{
     VolumeId, BLOCK_BYTES, BLOCK_LEN, LOG_OFFSET, NODE_BYTES, SUPERBLOCK_OFFSETS, VOLUME_BYTES_MIN,
 };
 use crate::space::{Purpose, Space};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1630,7 +1630,11 @@ impl Volume {
 
     /// Commits the active flush group now. Returns the durable TID.
     pub fn commit(&self) -> Result<u64> {
-        let _commit = self.commit_lock.lock();
+        self.commit_holding(self.commit_lock.lock())
+    }
+
+    /// `commit`, for a caller that took the commit lock.
+    fn commit_holding(&self, _commit: MutexGuard<'_, ()>) -> Result<u64> {
         self.commit_requested.store(false, Ordering::Release);
         self.commit_locked()
     }
@@ -2670,9 +2674,8 @@ impl Volume {
             // changes durable and frees the ring), then log whatever came after.
             let started = std::time::Instant::now();
             match self.commit_lock.try_lock() {
-                Some(_commit) => {
-                    self.commit_requested.store(false, Ordering::Release);
-                    self.commit_locked()?;
+                Some(commit) => {
+                    self.commit_holding(commit)?;
                     self.counters.waited(&self.counters.log_full.1, started);
                 }
                 None => {
