@@ -77,7 +77,8 @@ fn foreign_truncated_zeroed_and_newer_images_are_refused() {
     let mut bytes = std::fs::read(&newer).unwrap();
     for slot in [0usize, 4096] {
         // Bump the version and re-seal the checksum, as a future anvil would write it.
-        bytes[slot + 4..slot + 6].copy_from_slice(&9u16.to_le_bytes());
+        let future = anvil::format::FORMAT_VERSION + 1;
+        bytes[slot + 4..slot + 6].copy_from_slice(&future.to_le_bytes());
         let payload = u32::from_le_bytes(bytes[slot + 40..slot + 44].try_into().unwrap()) as usize;
         let mut scratch = bytes[slot..slot + 64 + payload].to_vec();
         scratch[48..56].fill(0);

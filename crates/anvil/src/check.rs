@@ -158,8 +158,8 @@ pub fn check_with(volume: &Volume, known: Option<&dyn KnownExtents>) -> Result<R
 }
 
 /// The space map the commit wrote must say exactly what the walk found: every block used
-/// by the tree, its extents or the map itself is used, every other block free; and the
-/// live object count must match.
+/// by the tree, its extents, the map itself or the commit's manifest is used, every other
+/// block free; and the live object count must match.
 fn check_space_map(volume: &Volume, sb: &Superblock, walked: &Space, report: &mut Report) {
     if sb.space_map_address == 0 {
         return;
@@ -168,6 +168,18 @@ fn check_space_map(volume: &Volume, sb: &Superblock, walked: &Space, report: &mu
     if let Err(e) = walked.mark_used(sb.space_map_address, sb.space_map_bytes) {
         note(report, format!("{location} overlaps the tree: {e}"));
         return;
+    }
+    if sb.manifest_address != 0 {
+        if let Err(e) = walked.mark_used(sb.manifest_address, sb.manifest_bytes) {
+            note(
+                report,
+                format!(
+                    "commit manifest at byte {} overlaps the tree or the map: {e}",
+                    sb.manifest_address
+                ),
+            );
+            return;
+        }
     }
     let recorded = match read_space_map(volume.device(), sb) {
         Ok(Some(ranges)) => ranges,

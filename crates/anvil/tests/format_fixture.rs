@@ -24,6 +24,9 @@
 //!   `format-v6-killed` was, with a page and two images named together by hints.
 //! - `format-v8-killed`: format version 8 (small extents packed back to back at byte
 //!   offsets, the space map in bytes), taken as `format-v7-killed` was.
+//! - `format-v9-killed`: format version 9 (a commit's superblock names the manifest of its
+//!   writes, which mount checks), taken as `format-v8-killed` was: its last superblock is
+//!   not `proven`, so opening it reads and checks the last commit's manifest.
 //!
 //! Each later format change adds its own pair. To write one with the current build:
 //! `ANVIL_WRITE_FIXTURE=NAME cargo test --release -p anvil --test format_fixture -- --ignored`
@@ -36,7 +39,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     "format-v2-nomap",
     "format-v2",
     "format-v3-killed",
@@ -45,6 +48,7 @@ const FIXTURES: [&str; 8] = [
     "format-v6-killed",
     "format-v7-killed",
     "format-v8-killed",
+    "format-v9-killed",
 ];
 const VOLUME_BYTES: u64 = 16 << 20;
 
@@ -204,6 +208,14 @@ fn open_fixture(name: &str) -> (Arc<MemDevice>, String) {
 fn every_fixture_reads_back_at_every_tid_and_checks_clean() {
     for name in FIXTURES {
         let (device, expected) = open_fixture(name);
+        // The last commit of a version-9 writer killed after it names its manifest, and
+        // nothing proved it: open checks every range it lists.
+        let sb = anvil::internals::Volume::read_superblock(&*device).unwrap();
+        assert_eq!(
+            sb.manifest_address != 0 && !sb.proven,
+            name >= "format-v9",
+            "{name}: a commit to check at mount"
+        );
         let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options()).unwrap();
         // Maps before format version 8 count whole blocks (and each extent's last block
         // whole): mount walks the tree instead, and the next commit writes one in bytes.

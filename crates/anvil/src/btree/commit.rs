@@ -11,6 +11,7 @@
 use super::{child_index, Loader, NodeSource, Root};
 use crate::error::{Error, Result};
 use crate::format::leaf::{Item, Leaf};
+use crate::format::manifest;
 use crate::format::node::{Node, CHILD_ENTRY_BYTES, LEVEL_MAX, NODE_PAYLOAD_BYTES};
 use crate::format::record::{Element, Key, Payload};
 use crate::format::NODE_BYTES;
@@ -77,6 +78,9 @@ pub struct CommitContext<'a> {
     pub writes: Vec<u64>,
     /// Node blocks written so far.
     pub nodes_written: u64,
+    /// Each node block written so far, with the checksum of its bytes: the commit's manifest
+    /// lists them (`format::manifest`).
+    pub written: Vec<manifest::Range>,
     /// Nodes this commit built and has not written yet, by address: the bounded cache may
     /// already have dropped them.
     fresh: HashMap<u64, Arc<Node>>,
@@ -104,6 +108,7 @@ impl<'a> CommitContext<'a> {
             freed: Vec::new(),
             writes: Vec::new(),
             nodes_written: 0,
+            written: Vec::new(),
             fresh: HashMap::new(),
             dropped: HashSet::new(),
             arena: Vec::new(),
@@ -250,7 +255,13 @@ impl CommitContext<'_> {
                 .fresh
                 .remove(&address)
                 .expect("every node to write was built by this commit");
-            run.extend_from_slice(&node.encode(self.loader.volume_id, self.tid, address));
+            let block = node.encode(self.loader.volume_id, self.tid, address);
+            self.written.push(manifest::Range {
+                address,
+                bytes: block.len() as u64,
+                checksum: crate::checksum::checksum(&block),
+            });
+            run.extend_from_slice(&block);
             self.nodes_written += 1;
         }
         if run.is_empty() {

@@ -3,7 +3,8 @@
 //!
 //! Every `write_at` is recorded as pending; `flush` makes all pending writes durable in order.
 //! `crash_image` returns the durable image plus some pending writes, chosen by `CrashMode`:
-//! dropped, applied as a subset in any order, or torn at 512-byte sector granularity.
+//! dropped, applied as a subset in any order, torn at 512-byte sector granularity, or all but
+//! one.
 //! `writes_total` counts writes so a test can stop the workload at every write index.
 
 use super::{memory_len, out_of_range, Device, Pages};
@@ -21,6 +22,8 @@ pub enum CrashMode {
     Subset(u64),
     /// Like `Subset`, and each surviving write may be torn: only some of its sectors land.
     Torn(u64),
+    /// Every pending write but the one at this index reached the media.
+    AllBut(usize),
 }
 
 struct Inner {
@@ -30,6 +33,8 @@ struct Inner {
     flushes_total: u64,
     /// When set, writes beyond this index fail as if the power had gone.
     power_cut_after: Option<u64>,
+    /// When set, every flush fails as if the power had gone, and writes go on.
+    flushes_fail: bool,
 }
 
 pub struct CrashDevice {
@@ -61,6 +66,7 @@ impl CrashDevice {
                 writes_total: 0,
                 flushes_total: 0,
                 power_cut_after: None,
+                flushes_fail: false,
             }),
         }
     }
@@ -69,6 +75,22 @@ impl CrashDevice {
     pub fn cut_power_after(&self, writes: u64) {
         let mut inner = self.inner.lock();
         inner.power_cut_after = Some(inner.writes_total + writes);
+    }
+
+    /// From now on every flush fails as if the power went just before it: the writes
+    /// issued since the last flush stay pending, whole, for `crash_pages` to choose from.
+    pub fn fail_flushes(&self) {
+        self.inner.lock().flushes_fail = true;
+    }
+
+    /// Where each pending write goes, in the order issued.
+    pub fn pending_offsets(&self) -> Vec<u64> {
+        self.inner
+            .lock()
+            .pending
+            .iter()
+            .map(|(offset, _)| *offset)
+            .collect()
     }
 
     pub fn writes_total(&self) -> u64 {
@@ -99,6 +121,13 @@ impl CrashDevice {
             CrashMode::Prefix(n) => {
                 for (offset, data) in inner.pending.iter().take(n) {
                     apply(&mut image, *offset, data);
+                }
+            }
+            CrashMode::AllBut(lost) => {
+                for (index, (offset, data)) in inner.pending.iter().enumerate() {
+                    if index != lost {
+                        apply(&mut image, *offset, data);
+                    }
                 }
             }
             CrashMode::Subset(seed) | CrashMode::Torn(seed) => {
@@ -189,6 +218,12 @@ impl Device for CrashDevice {
     fn flush(&self) -> io::Result<()> {
         let mut inner = self.inner.lock();
         Self::powered(&inner)?;
+        if inner.flushes_fail {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "simulated power loss before a flush",
+            ));
+        }
         let pending = std::mem::take(&mut inner.pending);
         for (offset, data) in pending {
             inner.durable.write(&data, offset);

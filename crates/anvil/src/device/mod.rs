@@ -82,6 +82,13 @@ pub trait Device: Send + Sync {
     fn barrier(&self) -> io::Result<()> {
         self.flush()
     }
+    /// Whether `barrier` costs nothing: writes become durable in the order issued. A commit
+    /// on such a device orders its tree before its superblock with a barrier; elsewhere it
+    /// writes both together with a manifest of the tree's writes, and makes all of them
+    /// durable with the one flush it needs anyway (`format::manifest`).
+    fn orders_writes(&self) -> bool {
+        false
+    }
     /// Barrier: every write that returned before this call is durable when it returns.
     fn flush(&self) -> io::Result<()>;
     /// Current length in bytes.

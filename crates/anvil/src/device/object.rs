@@ -1991,6 +1991,10 @@ impl Device for ObjectDevice {
         self.shared.check_fence()
     }
 
+    fn orders_writes(&self) -> bool {
+        true
+    }
+
     fn flush(&self) -> io::Result<()> {
         if !self.shared.options.writable {
             return Ok(());

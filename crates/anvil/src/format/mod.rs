@@ -5,6 +5,7 @@
 pub mod coding;
 pub mod leaf;
 pub mod log;
+pub mod manifest;
 pub mod node;
 pub mod record;
 pub mod spacemap;
@@ -16,7 +17,7 @@ use crate::error::{Error, Result};
 use coding::{Reader, SliceWriter, Writer};
 
 /// The format version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u16 = 8;
+pub const FORMAT_VERSION: u16 = 9;
 /// Allocation unit of the volume.
 pub const BLOCK_BYTES: u64 = 4096;
 /// `BLOCK_BYTES` as a length in memory.
@@ -43,6 +44,7 @@ pub enum BlockType {
     Internal = 3,
     Log = 4,
     SpaceMap = 5,
+    Manifest = 6,
 }
 
 impl BlockType {
@@ -53,6 +55,7 @@ impl BlockType {
             3 => Some(BlockType::Internal),
             4 => Some(BlockType::Log),
             5 => Some(BlockType::SpaceMap),
+            6 => Some(BlockType::Manifest),
             _ => None,
         }
     }
@@ -163,6 +166,86 @@ pub struct Expect<'a> {
     pub block_type: BlockType,
     pub volume_id: Option<&'a VolumeId>,
     pub address: u64,
+}
+
+/// A block a commit writes beside its superblock that lists items (its space map, its
+/// manifest), opened: its header, a reader of its payload past the count, the count, and
+/// where it is, for errors.
+pub(crate) struct Listing<'a> {
+    pub header: BlockHeader,
+    pub reader: Reader<'a>,
+    pub count: usize,
+    pub location: String,
+}
+
+/// Seals `payload` as a listing block (`Listing`) of `block_type` for the commit at `tid`,
+/// to be written at `address`, `block_bytes` long.
+pub(crate) fn seal_listing(
+    block_type: BlockType,
+    payload: &[u8],
+    volume_id: VolumeId,
+    tid: u64,
+    address: u64,
+    block_bytes: u64,
+) -> Vec<u8> {
+    let header = BlockHeader {
+        version: FORMAT_VERSION,
+        block_type,
+        volume_id,
+        tid,
+        address,
+        payload_bytes: 0, // seal_block writes the payload's length
+    };
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a listing block is sized by its kind's block_bytes_for a payload in memory"
+    )]
+    let block_bytes = block_bytes as usize;
+    debug_assert!(HEADER_BYTES + payload.len() <= block_bytes);
+    seal_block(&header, payload, block_bytes)
+}
+
+/// Opens a listing block (`Listing`) that the commit at `tid` wrote: the checks of
+/// `open_block`, then `None` for a block of a format version before `since` (which lists in
+/// a way this build no longer reads), then the header's TID, then the count of items, each
+/// at least `item_bytes_min` long (a count beyond what the payload holds is damage, not a
+/// reason to reserve memory). `what` names the block in errors.
+pub(crate) fn open_listing<'a>(
+    bytes: &'a [u8],
+    expect: &Expect<'_>,
+    tid: u64,
+    since: u16,
+    item_bytes_min: usize,
+    what: &'static str,
+) -> Result<Option<Listing<'a>>> {
+    let (header, payload) = open_block(bytes, expect)?;
+    let location = format!("{what} at byte {}", expect.address);
+    if header.version < since {
+        return Ok(None);
+    }
+    if header.tid != tid {
+        return Err(Error::corrupt(
+            format!(
+                "written at TID {:#x}, superblock is at {tid:#x}",
+                header.tid
+            ),
+            location,
+        ));
+    }
+    let mut reader = Reader::new(payload, what);
+    let count = reader.u64()?;
+    let Some(count) = usize::try_from(count)
+        .ok()
+        .filter(|&count| count <= reader.remaining() / item_bytes_min)
+    else {
+        return Err(Error::corrupt("item count exceeds the block", location));
+    };
+    Ok(Some(Listing {
+        header,
+        reader,
+        count,
+        location,
+    }))
 }
 
 /// Validates a block read from media and returns its header and payload.

@@ -14,9 +14,10 @@
 //! tree once. The block is a multiple of `BLOCK_BYTES`, sealed like every other block
 //! (header, checksum, address).
 
-use super::coding::{Reader, Writer};
-use super::{open_block, seal_block, BlockHeader, BlockType, Expect, VolumeId, BLOCK_BYTES};
-use super::{FORMAT_VERSION, HEADER_BYTES};
+use super::coding::Writer;
+use super::BLOCK_BYTES;
+use super::HEADER_BYTES;
+use super::{open_listing, seal_listing, BlockType, Expect, Listing, VolumeId};
 use crate::error::{Error, Result};
 
 /// The first format version whose maps count bytes, not blocks.
@@ -49,20 +50,14 @@ pub fn seal(
     address: u64,
     block_bytes: u64,
 ) -> Vec<u8> {
-    let header = BlockHeader {
-        version: FORMAT_VERSION,
-        block_type: BlockType::SpaceMap,
+    seal_listing(
+        BlockType::SpaceMap,
+        payload,
         volume_id,
         tid,
         address,
-        payload_bytes: 0, // seal_block writes the payload's length
-    };
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "a map block is only ever grown to block_bytes_for a payload held in memory"
-    )]
-    let block_bytes = block_bytes as usize;
-    seal_block(&header, payload, block_bytes)
+        block_bytes,
+    )
 }
 
 /// Decodes and validates a map block read from `address`: written for this volume at `tid`,
@@ -81,30 +76,17 @@ pub fn decode(
         volume_id: Some(volume_id),
         address,
     };
-    let (header, payload) = open_block(bytes, &expect)?;
-    let location = format!("space map at byte {address}");
-    if header.version < BYTE_RANGES_SINCE {
-        return Ok(None);
-    }
-    if header.tid != tid {
-        return Err(Error::corrupt(
-            format!(
-                "written at TID {:#x}, superblock is at {tid:#x}",
-                header.tid
-            ),
-            location,
-        ));
-    }
-    let mut r = Reader::new(payload, "space map");
-    let count = r.u64()?;
-    // Every range takes at least two bytes: a count beyond that is damage, not a reason to
-    // reserve memory.
-    let Some(count) = usize::try_from(count)
-        .ok()
-        .filter(|&count| count <= r.remaining() / 2)
+    // Every range takes at least two bytes.
+    let Some(Listing {
+        header,
+        reader: mut r,
+        count,
+        location,
+    }) = open_listing(bytes, &expect, tid, BYTE_RANGES_SINCE, 2, "space map")?
     else {
-        return Err(Error::corrupt("range count exceeds the block", location));
+        return Ok(None);
     };
+    let payload_bytes = header.payload_bytes as usize;
     let mut ranges = Vec::with_capacity(count);
     let mut end = data_offset;
     for index in 0..count {
@@ -134,7 +116,7 @@ pub fn decode(
     // that many bytes at `address`: a length that reaches past the map's own blocks must
     // not be believed. The map counts its own blocks as used, and pads them with zeros.
     let padding = bytes
-        .get(HEADER_BYTES + payload.len()..)
+        .get(HEADER_BYTES + payload_bytes..)
         .unwrap_or_default();
     if padding.iter().any(|&b| b != 0) {
         return Err(Error::corrupt(
@@ -157,6 +139,8 @@ pub fn decode(
 
 #[cfg(test)]
 mod tests {
+    use super::super::coding::Reader;
+    use super::super::{seal_block, BlockHeader};
     use super::*;
 
     const DATA: u64 = 1 << 20;

@@ -51,6 +51,18 @@ pub struct Superblock {
     /// The salt the writer that wrote this superblock gives its log batches (0 before
     /// format version 3: batches then carry none).
     pub log_salt: u64,
+    /// Where the manifest of this commit's writes is (`format::manifest`), 0 if the commit
+    /// wrote none: it made its tree durable before writing this superblock (format versions
+    /// before 9, the writes of a device that orders them, commits too large to check at
+    /// mount). With a manifest, mount trusts this superblock only once every range it lists
+    /// holds what the commit wrote.
+    pub manifest_address: u64,
+    pub manifest_bytes: u64,
+    /// `checksum` of the manifest's `manifest_bytes` as written.
+    pub manifest_checksum: u64,
+    /// Set on a superblock that repeats a commit already durable (written by a writer as it
+    /// opens or closes the volume): mount need not read the commit's manifest.
+    pub proven: bool,
 }
 
 impl Superblock {
@@ -76,6 +88,10 @@ impl Superblock {
         w.u64(self.live_objects);
         w.u64(self.log_start);
         w.u64(self.log_salt);
+        w.u64(self.manifest_address);
+        w.u64(self.manifest_bytes);
+        w.u64(self.manifest_checksum);
+        w.u8(u8::from(self.proven));
         let header = BlockHeader {
             version: FORMAT_VERSION,
             block_type: BlockType::Superblock,
@@ -127,6 +143,10 @@ impl Superblock {
             live_objects: 0,
             log_start: 0,
             log_salt: 0,
+            manifest_address: 0,
+            manifest_bytes: 0,
+            manifest_checksum: 0,
+            proven: false,
         };
         sb.label.copy_from_slice(r.take(LABEL_BYTES)?);
         // Superblocks written before the space map existed end here.
@@ -139,6 +159,17 @@ impl Superblock {
         if r.remaining() > 0 {
             sb.log_start = r.u64()?;
             sb.log_salt = r.u64()?;
+        }
+        // Superblocks written before commits carried a manifest end here.
+        if r.remaining() > 0 {
+            sb.manifest_address = r.u64()?;
+            sb.manifest_bytes = r.u64()?;
+            sb.manifest_checksum = r.u64()?;
+            sb.proven = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(Error::corrupt("proven flag neither 0 nor 1", "superblock")),
+            };
         }
         sb.validate(address)?;
         Ok(sb)
@@ -196,6 +227,17 @@ impl Superblock {
         if !map_ok {
             return fail("space map pointer out of range");
         }
+        let manifest_end = self.manifest_address.checked_add(self.manifest_bytes);
+        let manifest_ok = (self.manifest_address == 0 && self.manifest_bytes == 0)
+            || (self.manifest_address >= self.data_offset
+                && self.manifest_address % BLOCK_BYTES == 0
+                && self.manifest_bytes > 0
+                && self.manifest_bytes % BLOCK_BYTES == 0
+                && manifest_end.is_some_and(|end| end <= self.volume_bytes)
+                && self.space_map_address != 0);
+        if !manifest_ok {
+            return fail("commit manifest pointer out of range");
+        }
         Ok(())
     }
 }
@@ -229,6 +271,21 @@ mod tests {
             live_objects: 4,
             log_start: 4096,
             log_salt: 0xfeed,
+            manifest_address: super::super::LOG_OFFSET + (3 << 20),
+            manifest_bytes: 4096,
+            manifest_checksum: 0xabcd,
+            proven: true,
+        }
+    }
+
+    /// `sample` as a superblock of format version 8 holds it: no manifest.
+    fn without_manifest() -> Superblock {
+        Superblock {
+            manifest_address: 0,
+            manifest_bytes: 0,
+            manifest_checksum: 0,
+            proven: false,
+            ..sample()
         }
     }
 
@@ -253,24 +310,46 @@ mod tests {
 
     #[test]
     fn reads_superblocks_without_a_space_map() {
-        let mut sb = sample();
+        let mut sb = without_manifest();
         sb.space_map_address = 0;
         sb.space_map_bytes = 0;
         sb.live_objects = 0;
         sb.log_start = 0;
         sb.log_salt = 0;
         // The payload ends after the label.
-        let bytes = as_written_by_older(&sb, 40, 2);
+        let bytes = as_written_by_older(&sb, 65, 2);
         assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
     }
 
     #[test]
     fn reads_superblocks_from_before_the_log_ring() {
-        let mut sb = sample();
+        let mut sb = without_manifest();
         sb.log_start = 0;
         sb.log_salt = 0;
-        let bytes = as_written_by_older(&sb, 16, 2);
+        let bytes = as_written_by_older(&sb, 41, 2);
         assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
+    }
+
+    #[test]
+    fn reads_superblocks_from_before_the_manifest() {
+        let sb = without_manifest();
+        let bytes = as_written_by_older(&sb, 25, 8);
+        assert_eq!(Superblock::decode(&bytes, sb.address()).unwrap(), sb);
+    }
+
+    #[test]
+    fn refuses_a_manifest_out_of_range() {
+        for (address, bytes) in [(4096, 4096), (5 << 20, 100), (5 << 20, 0), (u64::MAX, 4096)] {
+            let mut sb = sample();
+            sb.manifest_address = address;
+            sb.manifest_bytes = bytes;
+            assert!(sb.validate(sb.address()).is_err(), "{address} {bytes}");
+        }
+        // A manifest without a space map (the map is one of the ranges it lists).
+        let mut sb = sample();
+        sb.space_map_address = 0;
+        sb.space_map_bytes = 0;
+        assert!(sb.validate(sb.address()).is_err());
     }
 
     #[test]

@@ -634,6 +634,7 @@ impl Filesystem {
             return Ok(());
         }
         self.volume.commit()?;
+        self.volume.prove_last_commit()?;
         self.volume.close_log();
         Ok(())
     }

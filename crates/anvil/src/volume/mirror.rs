@@ -824,6 +824,8 @@ impl Volume {
             Written {
                 committing: &HashSet::new(),
                 tail: None,
+                // Its extents went out with the stream's other writes: a barrier orders them.
+                ranges: None,
             },
             |sb| Superblock {
                 committed_tid: tid,

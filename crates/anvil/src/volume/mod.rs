@@ -32,6 +32,7 @@ use crate::format::log::{
     batch_bytes, encode_batch_into, BatchHead, EntryRef, LogBatch, LogEntry, LogValue, ValueRef,
     LOG_UNIT_BYTES, LOG_UNIT_LEN,
 };
+use crate::format::manifest;
 use crate::format::node::Node;
 use crate::format::record::{
     rtype, Element, ExtentRef, Key, LocalitySet, LogicalKey, Payload, Timestamp,
@@ -78,6 +79,17 @@ fn shadow_ring_bytes(cache_bytes: u64) -> u64 {
     let bytes = (cache_bytes / 4).clamp(SHADOW_RING_BYTES_MIN, SHADOW_RING_BYTES_MAX);
     bytes / LOG_PAGE_BYTES * LOG_PAGE_BYTES
 }
+
+/// The most a commit's manifest covers: mount reads every byte of it (`format::manifest`),
+/// so a commit of more writes orders them with a barrier instead. A commit of the proxy
+/// replay writes a few MiB; one of a large copy can write hundreds.
+const MANIFEST_COVERS_MAX: u64 = 64 << 20;
+/// The most ranges a manifest lists (a block of under 2 MiB).
+const MANIFEST_RANGES_MAX: usize = 1 << 16;
+/// Mount reads a manifest's ranges that lie at most this far apart in one request...
+const MANIFEST_READ_GAP_BYTES: u64 = 64 << 10;
+/// ...of at most this many bytes.
+const MANIFEST_READ_BYTES_MAX: u64 = 8 << 20;
 
 /// Longest merged extent read.
 const RUN_BYTES_MAX: u64 = 4 << 20;
@@ -473,10 +485,14 @@ struct Counters {
     log_full: ((AtomicU64, AtomicU64), (AtomicU64, AtomicU64)),
     /// Files commits moved to join their locality group (`regroup`), and their bytes.
     regrouped: (AtomicU64, AtomicU64),
+    /// Commits (and reblock steps, mirrored commits) that put a barrier between their tree
+    /// and their superblock, having written no manifest (`publish`).
+    barriers: AtomicU64,
     /// Bytes written to the device, by what they hold: file data placed by commits (moved
-    /// files included) or written ahead of them, tree nodes, space maps, and redo-log
-    /// batches (not those a crash log file takes, nor what a mirror stream writes). Each written byte
-    /// also costs the reads beside it, and a loop device's flush grows with them.
+    /// files included) or written ahead of them, tree nodes, space maps and manifests, and
+    /// redo-log batches (not those a crash log file takes, nor what a mirror stream writes).
+    /// Each written byte also costs the reads beside it, and a loop device's flush grows
+    /// with them.
     written: BytesWritten,
 }
 
@@ -485,6 +501,7 @@ struct BytesWritten {
     data: AtomicU64,
     nodes: AtomicU64,
     maps: AtomicU64,
+    manifests: AtomicU64,
     log: AtomicU64,
     /// Of `data`: zeros after extents to the next block.
     padding: AtomicU64,
@@ -548,6 +565,10 @@ impl Volume {
             // The first writer to open the volume picks a salt and writes a superblock.
             log_start: 0,
             log_salt: 0,
+            manifest_address: 0,
+            manifest_bytes: 0,
+            manifest_checksum: 0,
+            proven: false,
         };
         sb.validate(sb.address())?;
         device.set_len(volume_bytes)?;
@@ -561,7 +582,9 @@ impl Volume {
         Ok(sb)
     }
 
-    /// Reads the newest valid superblock.
+    /// Reads the newest valid superblock whose commit reached the device whole: one that
+    /// names a manifest is taken only once every range it lists holds what the commit
+    /// wrote, else the one before it (`format::manifest`).
     pub fn read_superblock(device: &dyn Device) -> Result<Superblock> {
         let device_bytes = device.len()?;
         if device_bytes < 2 * BLOCK_BYTES {
@@ -569,14 +592,13 @@ impl Volume {
                 "image is only {device_bytes} bytes"
             )));
         }
-        let mut best: Option<Superblock> = None;
+        let mut found: Vec<Superblock> = Vec::with_capacity(2);
         let mut first_error = None;
         for offset in SUPERBLOCK_OFFSETS {
             let mut buf = vec![0u8; BLOCK_LEN];
             device.read_at(&mut buf, offset)?;
             match Superblock::decode(&buf, offset) {
-                Ok(sb) if best.as_ref().is_none_or(|b| sb.seq > b.seq) => best = Some(sb),
-                Ok(_) => {}
+                Ok(sb) => found.push(sb),
                 Err(e) => {
                     let has_magic = buf[..4] == crate::format::BLOCK_MAGIC.to_le_bytes();
                     if has_magic && first_error.is_none() {
@@ -585,7 +607,8 @@ impl Volume {
                 }
             }
         }
-        let Some(sb) = best else {
+        found.sort_by_key(|sb| std::cmp::Reverse(sb.seq));
+        let Some(newest) = found.first() else {
             return Err(match first_error {
                 Some(e @ Error::Version { .. }) => e,
                 Some(e) => Error::corrupt(
@@ -595,16 +618,46 @@ impl Volume {
                 None => Error::NotAnvil("no anvil superblock found".to_string()),
             });
         };
-        if device_bytes < sb.volume_bytes {
+        if device_bytes < newest.volume_bytes {
             return Err(Error::corrupt(
                 format!(
                     "image truncated: {device_bytes} bytes, volume needs {}",
-                    sb.volume_bytes
+                    newest.volume_bytes
                 ),
                 "device end",
             ));
         }
-        Ok(sb)
+        let mut incomplete = None;
+        for sb in found {
+            match commit_is_whole(device, &sb)? {
+                Ok(()) => {
+                    if let Some(reason) = incomplete {
+                        log::warn!(
+                            "the commit of superblock {} did not reach the device whole \
+                             ({reason}); opening the one before it, TID {:#x}",
+                            sb.seq + 1,
+                            sb.committed_tid
+                        );
+                    }
+                    return Ok(sb);
+                }
+                Err(reason) if incomplete.is_none() => incomplete = Some(reason),
+                Err(reason) => {
+                    return Err(Error::corrupt(
+                        format!("neither superblock's commit is whole ({reason})"),
+                        "superblocks at bytes 0 and 4096",
+                    ))
+                }
+            }
+        }
+        Err(Error::corrupt(
+            format!(
+                "the newest commit did not reach the device whole ({}) and no superblock \
+                 precedes it",
+                incomplete.unwrap_or_default()
+            ),
+            "superblocks at bytes 0 and 4096",
+        ))
     }
 
     /// Opens a volume: newest superblock, the space map its commit wrote (or one rebuilt from
@@ -646,6 +699,9 @@ impl Volume {
                 // not free them again.
                 sb.space_map_address = 0;
                 sb.space_map_bytes = 0;
+                sb.manifest_address = 0;
+                sb.manifest_bytes = 0;
+                sb.manifest_checksum = 0;
                 space_map_read = false;
                 space
             }
@@ -1009,14 +1065,41 @@ impl Volume {
         sb.seq += 1;
         sb.log_salt = ring.salt;
         sb.log_start = ring.head % ring.size;
-        sb.validate(sb.address())?;
-        self.device.write_at(&sb.encode(), sb.address())?;
-        self.device.flush()?;
+        // Open read it whole (`read_superblock`).
+        sb.proven = true;
+        self.write_superblock_now(&sb)?;
         ring.epoch = sb.committed_tid;
         ring.seq = 0;
         ring.head = sb.log_start;
         ring.epoch_start = sb.log_start;
         ring.tail = sb.log_start;
+        self.state.lock().superblock = sb;
+        Ok(())
+    }
+
+    /// Writes `sb` in its slot and makes it durable.
+    fn write_superblock_now(&self, sb: &Superblock) -> Result<()> {
+        sb.validate(sb.address())?;
+        self.device.write_at(&sb.encode(), sb.address())?;
+        self.device.flush()?;
+        Ok(())
+    }
+
+    /// Marks the last commit durable for the next mount, which then need not read its
+    /// manifest (`Superblock::proven`): a superblock that repeats it. For a writer that
+    /// closes the volume; does nothing if the last commit wrote no manifest.
+    pub fn prove_last_commit(&self) -> Result<()> {
+        if self.is_read_only() {
+            return Ok(());
+        }
+        let _commit = self.commit_lock.lock();
+        let mut sb = self.state.lock().superblock.clone();
+        if sb.manifest_address == 0 || sb.proven {
+            return Ok(());
+        }
+        sb.seq += 1;
+        sb.proven = true;
+        self.write_superblock_now(&sb)?;
         self.state.lock().superblock = sb;
         Ok(())
     }
@@ -1063,6 +1146,11 @@ impl Volume {
             ("data_padding_mib", mib(&c.written.padding)),
             ("nodes_written_mib", mib(&c.written.nodes)),
             ("maps_written_mib", mib(&c.written.maps)),
+            (
+                "manifests_written_kib",
+                c.written.manifests.load(Ordering::Relaxed) >> 10,
+            ),
+            ("commit_barriers", c.barriers.load(Ordering::Relaxed)),
             ("log_written_mib", mib(&c.written.log)),
         ]
     }
@@ -1844,6 +1932,7 @@ impl Volume {
             .extend(frozen.dead.iter().map(|e| (e.offset, e.allocated_bytes())));
         ahead.extend_from_slice(&frozen.dead);
         let committing = ahead.iter().map(|e| e.offset).collect();
+        let ranges = written_ranges(&mut ctx, &mutations);
         let sb = self.publish(
             &mut ctx.freed,
             &previous,
@@ -1852,6 +1941,7 @@ impl Volume {
             Written {
                 committing: &committing,
                 tail,
+                ranges: Some(ranges),
             },
             |sb| Superblock {
                 committed_tid: tid,
@@ -1866,10 +1956,13 @@ impl Volume {
         Ok((new_root, std::mem::take(&mut ctx.freed), sb, ahead))
     }
 
-    /// Makes a written tree durable: the space map as of after this commit, a barrier (the
-    /// tree and map before the superblock; a flush where the device orders no other way),
-    /// then the superblock `make` finishes from the previous one with the new root and map
-    /// filled in, and a flush.
+    /// Makes a written tree durable: the space map as of after this commit, then the
+    /// superblock `make` finishes from the previous one with the new root and map filled in,
+    /// and a flush. Between the two, a commit that lists what it wrote (`Written::ranges`)
+    /// writes that list as its manifest, which the superblock names, and mount checks it
+    /// (`format::manifest`); any other commit, and one too large to check at mount or on a
+    /// device whose barrier costs nothing, puts a barrier there: the tree and map before the
+    /// superblock, a flush where the device orders no other way.
     /// `written` says what the map must know of the commit's writes (`Written`).
     fn publish(
         &self,
@@ -1877,12 +1970,30 @@ impl Volume {
         previous: &Superblock,
         new_root: Root,
         tid: u64,
-        written: Written<'_>,
+        mut written: Written<'_>,
         make: impl FnOnce(Superblock) -> Superblock,
     ) -> Result<Superblock> {
+        let checked = written.ranges.as_ref().is_some_and(|ranges| {
+            !self.device.orders_writes()
+                && ranges.len() <= MANIFEST_RANGES_MAX
+                && ranges.iter().map(|r| r.bytes).sum::<u64>() <= MANIFEST_COVERS_MAX
+        });
+        if !checked {
+            written.ranges = None;
+        }
         let map = self.write_space_map(previous, freed, tid, written)?;
         bump(&self.counters.written.maps, map.bytes);
-        self.device.barrier()?;
+        let (manifest_address, manifest_bytes, manifest_checksum) = match map.manifest {
+            Some(manifest) => {
+                bump(&self.counters.written.manifests, manifest.1);
+                manifest
+            }
+            None => {
+                self.counters.barriers.fetch_add(1, Ordering::Relaxed);
+                self.device.barrier()?;
+                (0, 0, 0)
+            }
+        };
         let sb = make(Superblock {
             seq: previous.seq + 1,
             root_address: new_root.address,
@@ -1890,6 +2001,10 @@ impl Volume {
             used_bytes: map.used_bytes,
             space_map_address: map.address,
             space_map_bytes: map.bytes,
+            manifest_address,
+            manifest_bytes,
+            manifest_checksum,
+            proven: false,
             ..previous.clone()
         });
         sb.validate(sb.address())?;
@@ -1946,7 +2061,9 @@ impl Volume {
 
     /// Writes the free map as it will be once this commit is durable, into space it
     /// allocates for itself (so the map counts its own blocks as used), and frees the
-    /// previous commit's map with the rest of `freed`.
+    /// previous commit's map and manifest with the rest of `freed`. With `written.ranges`,
+    /// writes the commit's manifest too: those ranges and the map's own, in space allocated
+    /// with the map's.
     fn write_space_map(
         &self,
         previous: &Superblock,
@@ -1954,62 +2071,121 @@ impl Volume {
         tid: u64,
         written: Written<'_>,
     ) -> Result<SpaceMapPlace> {
-        let Written { committing, tail } = written;
+        let Written {
+            committing,
+            tail,
+            ranges,
+        } = written;
         if previous.space_map_address != 0 {
             freed.push((previous.space_map_address, previous.space_map_bytes));
         }
+        if previous.manifest_address != 0 {
+            freed.push((previous.manifest_address, previous.manifest_bytes));
+        }
+        let manifest_bytes = ranges
+            .as_ref()
+            .map(|r| manifest::block_bytes_for(r.len() + 1));
         // Whole nodes: the map moves at every commit, and a map of a few blocks would leave
         // holes smaller than a node behind it, free space that no commit can use for the
         // nodes it copies (a full volume then fails the commit of a delete, with hundreds
         // of KiB free in 4 KiB pieces).
         let node_round = |b: u64| b.div_ceil(NODE_BYTES as u64) * NODE_BYTES as u64;
         let mut bytes = node_round(previous.space_map_bytes.max(BLOCK_BYTES));
-        // Right after the commit's last nodes where that is free, written with them.
+        // Right after the commit's last nodes where that is free, written with them, and
+        // the manifest right after the map.
         let tail_end = tail.as_ref().map(|(start, run)| start + run.len() as u64);
         loop {
             let address = match tail_end {
                 Some(end) if self.space.allocate_at(end, bytes) => end,
                 _ => self.space.allocate(bytes, Purpose::Metadata)?,
             };
-            let ranges = match self.space.persisted_free(freed, committing) {
-                Ok(ranges) => ranges,
+            let manifest_at = match manifest_bytes {
+                Some(m) if self.space.allocate_at(address + bytes, m) => Some(address + bytes),
+                Some(m) => match self.space.allocate(m, Purpose::Metadata) {
+                    Ok(at) => Some(at),
+                    Err(e) => {
+                        self.space.release(address, bytes);
+                        return Err(e);
+                    }
+                },
+                None => None,
+            };
+            let release = || {
+                self.space.release(address, bytes);
+                if let (Some(at), Some(m)) = (manifest_at, manifest_bytes) {
+                    self.space.release(at, m);
+                }
+            };
+            let free = match self.space.persisted_free(freed, committing) {
+                Ok(free) => free,
                 Err(e) => {
-                    self.space.release(address, bytes);
+                    release();
                     return Err(e);
                 }
             };
-            let payload = spacemap::encode_payload(&ranges, self.space.data_offset());
+            let payload = spacemap::encode_payload(&free, self.space.data_offset());
             let needed = spacemap::block_bytes_for(payload.len());
-            if needed <= bytes {
-                let block = spacemap::seal(&payload, self.volume_id, tid, address, bytes);
-                match tail {
-                    // One buffer, as the nodes alone were written (the thread's join
-                    // buffer, sized for data runs, would grow for this and stay grown).
-                    Some((start, mut run)) if Some(address) == tail_end => {
-                        // Exactly: a run of a few MiB doubled for a map of a few KiB
-                        // would hold twice its memory at the moment the commit peaks.
-                        run.reserve_exact(block.len());
-                        run.extend_from_slice(&block);
-                        self.device.write_at(&run, start)?;
-                    }
-                    Some((start, run)) => {
-                        self.device.write_at(&run, start)?;
-                        self.device.write_at(&block, address)?;
-                    }
-                    None => self.device.write_at(&block, address)?,
-                }
-                let free: u64 = ranges.iter().map(|(_, l)| l).sum();
-                return Ok(SpaceMapPlace {
+            if needed > bytes {
+                // Too small: give the blocks back (nothing refers to them) and retry with
+                // room to grow, so a slowly growing map is not reallocated by every commit.
+                release();
+                bytes = node_round(needed + needed / 8 + BLOCK_BYTES);
+                continue;
+            }
+            let block = spacemap::seal(&payload, self.volume_id, tid, address, bytes);
+            let mut pieces = Vec::with_capacity(3);
+            let mut manifest = None;
+            if let (Some(at), Some(m), Some(mut ranges)) = (manifest_at, manifest_bytes, ranges) {
+                ranges.push(manifest::Range {
                     address,
                     bytes,
-                    used_bytes: self.space.data_bytes() - free,
+                    checksum: crate::checksum::checksum(&block),
                 });
+                let sealed = manifest::seal(&ranges, self.volume_id, tid, at, m);
+                manifest = Some((at, m, crate::checksum::checksum(&sealed)));
+                pieces.push((at, sealed));
             }
-            // Too small: give the blocks back (nothing refers to them) and retry with room
-            // to grow, so a slowly growing map is not reallocated by every commit.
-            self.space.release(address, bytes);
-            bytes = node_round(needed + needed / 8 + BLOCK_BYTES);
+            pieces.push((address, block));
+            if let Some(tail) = tail {
+                pieces.push(tail);
+            }
+            self.write_joined(pieces)?;
+            let free: u64 = free.iter().map(|(_, l)| l).sum();
+            return Ok(SpaceMapPlace {
+                address,
+                bytes,
+                used_bytes: self.space.data_bytes() - free,
+                manifest,
+            });
         }
+    }
+
+    /// Writes `pieces` (address, bytes), each piece that begins where another ends in the
+    /// same request: one buffer, as the nodes alone were written (the thread's join buffer,
+    /// sized for data runs, would grow for this and stay grown).
+    fn write_joined(&self, mut pieces: Vec<(u64, Vec<u8>)>) -> Result<()> {
+        pieces.sort_unstable_by_key(|(address, _)| *address);
+        let mut run: Option<(u64, Vec<u8>)> = None;
+        for (address, bytes) in pieces {
+            run = match run {
+                Some((start, mut joined)) if start + joined.len() as u64 == address => {
+                    // Exactly: a run of a few MiB doubled for a map of a few KiB would hold
+                    // twice its memory at the moment the commit peaks.
+                    joined.reserve_exact(bytes.len());
+                    joined.extend_from_slice(&bytes);
+                    Some((start, joined))
+                }
+                Some((start, joined)) => {
+                    self.device.write_at(&joined, start)?;
+                    Some((address, bytes))
+                }
+                None => Some((address, bytes)),
+            };
+        }
+        if let Some((start, joined)) = run {
+            self.device.write_at(&joined, start)?;
+        }
+        Ok(())
     }
 
     /// Places extents side by side, packed back to back, and writes each contiguous run as
@@ -3048,6 +3224,7 @@ impl Volume {
         step.nodes_written = ctx.nodes_written;
         self.count_nodes_written(ctx.nodes_written);
         let tid = previous.committed_tid;
+        let ranges = written_ranges(&mut ctx, &mutations);
         let sb = self.publish(
             &mut ctx.freed,
             &previous,
@@ -3056,6 +3233,7 @@ impl Volume {
             Written {
                 committing: &HashSet::new(),
                 tail,
+                ranges: Some(ranges),
             },
             |sb| sb,
         )?;
@@ -3300,14 +3478,114 @@ thread_local! {
 pub(crate) struct Written<'a> {
     pub committing: &'a HashSet<u64>,
     pub tail: Option<(u64, Vec<u8>)>,
+    /// Every other range the commit wrote (its nodes, the extents it links), for its
+    /// manifest; `None` for a commit that orders its writes with a barrier instead.
+    pub ranges: Option<Vec<manifest::Range>>,
 }
 
-/// Where a commit put its space map.
+/// Whether every range the manifest of `sb`'s commit lists holds what the commit wrote:
+/// `Err` with the first that does not (a superblock without a manifest was written after its
+/// tree was durable, and a proven one after the commit it repeats). Reads each range, those near each other together.
+fn commit_is_whole(
+    device: &dyn Device,
+    sb: &Superblock,
+) -> Result<std::result::Result<(), String>> {
+    if sb.manifest_address == 0 || sb.proven {
+        return Ok(Ok(()));
+    }
+    let location = format!("commit manifest at byte {}", sb.manifest_address);
+    let Ok(bytes) = usize::try_from(sb.manifest_bytes) else {
+        return Err(Error::corrupt("manifest larger than memory", location));
+    };
+    let mut block = vec![0u8; bytes];
+    device.read_at(&mut block, sb.manifest_address)?;
+    if crate::checksum::checksum(&block) != sb.manifest_checksum {
+        return Ok(Err(format!("{location} is not the one it wrote")));
+    }
+    let decoded = manifest::decode(
+        &block,
+        &sb.volume_id,
+        sb.manifest_address,
+        sb.committed_tid,
+        sb.data_offset,
+        sb.volume_bytes,
+    );
+    let mut ranges = match decoded {
+        Ok(ranges) => ranges,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    // A commit lists that many bytes at most (`publish`): more is not worth reading.
+    if ranges.iter().map(|r| r.bytes).sum::<u64>() > MANIFEST_COVERS_MAX {
+        return Ok(Err(format!("{location} lists more than a commit writes")));
+    }
+    ranges.sort_unstable_by_key(|range| range.address);
+    let mut buf = Vec::new();
+    let mut next = 0;
+    while next < ranges.len() {
+        // One read for the ranges that lie within a gap of each other, up to a bound.
+        let start = ranges[next].address;
+        let mut end = start + ranges[next].bytes;
+        let mut last = next + 1;
+        while let Some(range) = ranges.get(last) {
+            let range_end = range.address + range.bytes;
+            if range.address > end + MANIFEST_READ_GAP_BYTES
+                || range_end.max(end) - start > MANIFEST_READ_BYTES_MAX
+            {
+                break;
+            }
+            end = end.max(range_end);
+            last += 1;
+        }
+        buf.resize(usize::try_from(end - start).unwrap_or(usize::MAX), 0);
+        device.read_at(&mut buf, start)?;
+        for range in &ranges[next..last] {
+            let at = usize::try_from(range.address - start).unwrap_or(usize::MAX);
+            let len = usize::try_from(range.bytes).unwrap_or(usize::MAX);
+            let bytes = buf.get(at..at.saturating_add(len)).unwrap_or_default();
+            if crate::checksum::checksum(bytes) != range.checksum {
+                return Ok(Err(format!(
+                    "the {} bytes it wrote at byte {} differ",
+                    range.bytes, range.address
+                )));
+            }
+        }
+        next = last;
+    }
+    Ok(Ok(()))
+}
+
+/// What a commit (or a reblock step) wrote besides its space map, for its manifest: the
+/// nodes `ctx` wrote, and every extent `mutations` link, written by it or ahead of it.
+fn written_ranges(ctx: &mut CommitContext<'_>, mutations: &[Mutation]) -> Vec<manifest::Range> {
+    let mut ranges = std::mem::take(&mut ctx.written);
+    ranges.extend(mutations.iter().filter_map(|mutation| {
+        let payload = match mutation {
+            Mutation::Insert(element) | Mutation::Replace(element) => &element.payload,
+            Mutation::Relocate(_, payload) => payload,
+            Mutation::MarkDeleted(_) | Mutation::Remove(_) => return None,
+        };
+        match payload {
+            Payload::Extent(extent) => Some(manifest::Range {
+                address: extent.offset,
+                bytes: u64::from(extent.stored_bytes),
+                checksum: extent.checksum,
+            }),
+            _ => None,
+        }
+    }));
+    // An empty extent holds no bytes to check.
+    ranges.retain(|range| range.bytes > 0);
+    ranges
+}
+
+/// Where a commit put its space map, and its manifest (address, bytes, checksum) if it
+/// wrote one.
 struct SpaceMapPlace {
     address: u64,
     bytes: u64,
     /// Data-area bytes the map counts as used.
     used_bytes: u64,
+    manifest: Option<(u64, u64, u64)>,
 }
 
 /// The free ranges recorded by the space map the superblock's commit wrote, or `None` if it
