@@ -3485,7 +3485,8 @@ pub(crate) struct Written<'a> {
 
 /// Whether every range the manifest of `sb`'s commit lists holds what the commit wrote:
 /// `Err` with the first that does not (a superblock without a manifest was written after its
-/// tree was durable, and a proven one after the commit it repeats). Reads each range, those near each other together.
+/// tree was durable, and a proven one after the commit it repeats). Reads each range, those
+/// near each other together.
 fn commit_is_whole(
     device: &dyn Device,
     sb: &Superblock,
