@@ -2007,9 +2007,7 @@ impl Volume {
             proven: false,
             ..previous.clone()
         });
-        sb.validate(sb.address())?;
-        self.device.write_at(&sb.encode(), sb.address())?;
-        self.device.flush()?;
+        self.write_superblock_now(&sb)?;
         Ok(sb)
     }
 
