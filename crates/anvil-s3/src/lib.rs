@@ -145,6 +145,9 @@ impl S3Store {
         K: AsRef<str>,
         V: AsRef<str>,
     {
+        // reqwest's rustls comes without a provider (Cargo.toml): ring's serves every client
+        // of the process. Fails only when one is installed already, which then serves.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let parsed = parse_url(url)?;
         let vars: Vec<(String, String)> = vars
             .into_iter()
@@ -983,6 +986,29 @@ mod tests {
             "{text}"
         );
         assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{text}");
+    }
+
+    /// An https endpoint goes through rustls with ring's provider, which `open` installs: a
+    /// server that does not speak TLS fails the handshake, reported in one line.
+    #[test]
+    fn an_https_store_is_reached_over_tls() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!(
+            "https://127.0.0.1:{}",
+            listener.local_addr().unwrap().port()
+        );
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                // A plain HTTP answer to the client's hello.
+                let _ = (&stream).write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+            }
+        });
+        let store =
+            S3Store::open_with_vars("s3://bk/v", vars(&[("AWS_ENDPOINT_URL", &endpoint)])).unwrap();
+        let text = store.check_access().unwrap_err().to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(text.contains(&endpoint), "{text}");
     }
 
     #[test]
