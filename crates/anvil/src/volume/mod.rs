@@ -2765,9 +2765,31 @@ impl Volume {
     /// that files written together lie together even where free space is fragmented (a
     /// next-fit allocator would otherwise scatter them over the holes after the cursor).
     /// Returns the offsets and the clusters (ranges of `sizes`, two or more extents each).
+    /// On failure (no room left for some extent) nothing stays allocated.
     fn place_clustered(&self, sizes: &[u64]) -> Result<(Vec<u64>, Vec<Range<usize>>)> {
         let mut offsets = Vec::with_capacity(sizes.len());
         let mut runs = Vec::new();
+        if let Err(e) = self.place_runs(sizes, &mut offsets, &mut runs) {
+            self.release_placed(&offsets, sizes);
+            return Err(e);
+        }
+        Ok((offsets, runs))
+    }
+
+    /// Gives back space `place_clustered` allocated that nothing refers to yet.
+    fn release_placed(&self, offsets: &[u64], sizes: &[u64]) {
+        for (&offset, &size) in offsets.iter().zip(sizes) {
+            self.space.release(offset, size);
+        }
+    }
+
+    /// `place_clustered`'s allocations, into `offsets` and `runs`.
+    fn place_runs(
+        &self,
+        sizes: &[u64],
+        offsets: &mut Vec<u64>,
+        runs: &mut Vec<Range<usize>>,
+    ) -> Result<()> {
         let mut start = 0;
         while start < sizes.len() {
             let mut end = start + 1;
@@ -2801,7 +2823,7 @@ impl Volume {
             }
             start = end;
         }
-        Ok((offsets, runs))
+        Ok(())
     }
 
     /// Makes every change made so far survive a crash of this process: appends the changes
@@ -3198,7 +3220,7 @@ impl Volume {
         let sizes: Vec<u64> = moving.iter().map(|(_, e, _)| e.allocated_bytes()).collect();
         let (offsets, _) = self.place_clustered(&sizes)?;
         let mut placed: Vec<(u64, &[u8])> = Vec::with_capacity(moving.len());
-        for ((key, extent, stored), offset) in moving.iter().zip(offsets) {
+        for ((key, extent, stored), &offset) in moving.iter().zip(&offsets) {
             let allocated = extent.allocated_bytes();
             placed.push((offset, stored));
             // Moved out of its set: the blocks around the new place are other data.
@@ -3211,30 +3233,46 @@ impl Volume {
             step.extents_moved += 1;
             step.bytes_moved += allocated;
         }
-        self.write_placed(&placed, |slices, at| {
+        let written = self.write_placed(&placed, |slices, at| {
             self.device.write_vectored_at(slices, at)
-        })?;
+        });
+        if let Err(e) = written {
+            // Nothing refers to the copies: the step did not happen.
+            self.release_placed(&offsets, &sizes);
+            return Err(e);
+        }
         mutations.sort_by_key(Mutation::key);
         let previous = self.state.lock().superblock.clone();
         let mut ctx = CommitContext::new(self.loader(), &self.space, previous.committed_tid);
-        let new_root = apply(&mut ctx, old_root.root, &mutations)?;
-        let tail = ctx.write_out_but_tail()?;
+        // Past here a failure stops the volume, as a failed commit does: the new tree's nodes
+        // were allocated one by one and are not given back, and once the superblock may be
+        // written nothing more must be. The copies go back (a stopped volume allocates no
+        // more; a remount starts from the last superblock and its map).
+        let stop = |e: Error| {
+            self.release_placed(&offsets, &sizes);
+            self.fail_read_only(&e);
+            e
+        };
+        let new_root = apply(&mut ctx, old_root.root, &mutations).map_err(stop)?;
+        let tail = ctx.write_out_but_tail().map_err(stop)?;
         step.nodes_written = ctx.nodes_written;
         self.count_nodes_written(ctx.nodes_written);
         let tid = previous.committed_tid;
         let ranges = written_ranges(&mut ctx, &mutations);
-        let sb = self.publish(
-            &mut ctx.freed,
-            &previous,
-            new_root,
-            tid,
-            Written {
-                committing: &HashSet::new(),
-                tail,
-                ranges: Some(ranges),
-            },
-            |sb| sb,
-        )?;
+        let sb = self
+            .publish(
+                &mut ctx.freed,
+                &previous,
+                new_root,
+                tid,
+                Written {
+                    committing: &HashSet::new(),
+                    tail,
+                    ranges: Some(ranges),
+                },
+                |sb| sb,
+            )
+            .map_err(stop)?;
         let freed = std::mem::take(&mut ctx.freed);
         let mut st = self.state.lock();
         self.retire(&old_root, freed);
@@ -3723,5 +3761,35 @@ mod tests {
             memo.put(LogicalKey { obj, ..lk }, None);
         }
         assert!(memo.found.len() <= LiveMemo::ENTRIES_MAX);
+    }
+
+    /// A placement that runs out of room part way gives back what it took: with free space
+    /// only in holes of one block, a cluster's one-block member fits and its 32 KiB one
+    /// does not (reblock met this on a fragmented volume, and the block stayed used).
+    #[test]
+    fn a_placement_that_fails_part_way_keeps_nothing() {
+        let device = Arc::new(crate::device::MemDevice::new(0));
+        crate::fs::Filesystem::mkfs(device.clone(), 32 << 20, "t").unwrap();
+        let options = crate::fs::MountOptions {
+            commit_interval_ms: 0,
+            ..Default::default()
+        };
+        let fs = crate::fs::Filesystem::open(device, options).unwrap();
+        let volume = fs.volume();
+        let mut taken = Vec::new();
+        while let Ok(at) = volume.space.allocate(BLOCK_BYTES, Purpose::Metadata) {
+            taken.push(at);
+        }
+        for &at in taken.iter().step_by(2) {
+            volume.space.release(at, BLOCK_BYTES);
+        }
+        let free = volume.space.free_bytes();
+        assert!(free >= 1 << 20, "{free}");
+        let failed = volume.place_clustered(&[BLOCK_BYTES, 32 << 10]);
+        assert!(matches!(failed, Err(Error::NoSpace)), "{failed:?}");
+        assert_eq!(volume.space.free_bytes(), free);
+        let (offsets, _) = volume.place_clustered(&[BLOCK_BYTES, BLOCK_BYTES]).unwrap();
+        assert_eq!(offsets.len(), 2);
+        assert_eq!(volume.space.free_bytes(), free - 2 * BLOCK_BYTES);
     }
 }
