@@ -11,6 +11,8 @@ use crate::error::{fail, Context, Result};
 
 const V1_ROOT: &str = "/sys/fs/cgroup/memory";
 const V2_ROOT: &str = "/sys/fs/cgroup";
+/// A run's group is this and its PID.
+const GROUP_PREFIX: &str = "anvil-bench-";
 
 /// The cgroup version in use for memory, or None when there is no memory controller.
 pub fn memory_controller() -> Option<&'static str> {
@@ -43,7 +45,11 @@ impl MemCgroup {
         let v1 = version == "v1";
         let root = Path::new(if v1 { V1_ROOT } else { V2_ROOT });
         let origin = own_cgroup(root, v1)?;
-        let path = root.join(format!("anvil-bench-{}", std::process::id()));
+        let swept = sweep_stale(root);
+        if swept > 0 {
+            eprintln!("removed {swept} memory cgroups left by benchmark runs that were killed");
+        }
+        let path = root.join(format!("{GROUP_PREFIX}{}", std::process::id()));
         if !v1 {
             // Delegate the memory controller to children of the root.
             let _ = fs::write(root.join("cgroup.subtree_control"), "+memory");
@@ -92,6 +98,27 @@ impl MemCgroup {
     }
 }
 
+/// Removes the groups under `root` of runs that are gone: a run killed by the OOM killer
+/// (or any signal) never drops its group. A group that still holds a process stays (the
+/// kernel refuses to remove it). Returns how many went.
+fn sweep_stale(root: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(root) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(GROUP_PREFIX))
+                .and_then(|pid| pid.parse::<u32>().ok());
+            pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+                && fs::remove_dir(entry.path()).is_ok()
+        })
+        .count()
+}
+
 /// The cgroup directory this process is in, under `root`.
 fn own_cgroup(root: &Path, v1: bool) -> Result<PathBuf> {
     let text = fs::read_to_string("/proc/self/cgroup").ctx(|| "read /proc/self/cgroup".into())?;
@@ -126,5 +153,31 @@ impl Drop for MemCgroup {
             }
         }
         let _ = fs::remove_dir(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_of_runs_that_are_gone_are_swept() {
+        let root = std::env::temp_dir().join(format!("anvil-cgroup-sweep-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        // No process has a PID this high (pid_max is at most 2^22).
+        let gone = root.join(format!("{GROUP_PREFIX}4000000000"));
+        let alive = root.join(format!("{GROUP_PREFIX}{}", std::process::id()));
+        let other = root.join("system.slice");
+        let busy = root.join(format!("{GROUP_PREFIX}4000000001"));
+        for dir in [&gone, &alive, &other, &busy] {
+            fs::create_dir(dir).unwrap();
+        }
+        // A directory that is not empty cannot be removed, as a group with a process.
+        fs::write(busy.join("cgroup.procs"), "1").unwrap();
+        assert_eq!(sweep_stale(&root), 1);
+        assert!(!gone.exists());
+        assert!(alive.exists() && other.exists() && busy.exists());
+        fs::remove_dir_all(&root).unwrap();
     }
 }
