@@ -17,8 +17,6 @@
 //! every other block (header, checksum, address); the header's TID is the commit's.
 
 use super::coding::Writer;
-use super::BLOCK_BYTES;
-use super::HEADER_BYTES;
 use super::{open_listing, seal_listing, BlockType, Expect, Listing, VolumeId};
 use crate::error::{Error, Result};
 
@@ -36,7 +34,7 @@ const RANGE_BYTES_MAX: usize = 8 + 10 + 8;
 
 /// Bytes of the block holding a manifest of `ranges` ranges, rounded up to whole blocks.
 pub fn block_bytes_for(ranges: usize) -> u64 {
-    ((HEADER_BYTES + 8 + ranges * RANGE_BYTES_MAX) as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
+    super::listing_block_bytes(8 + ranges * RANGE_BYTES_MAX)
 }
 
 /// Seals `ranges` as the manifest block of the commit at `tid`, to be written at `address`,
@@ -121,6 +119,7 @@ pub fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::{BLOCK_BYTES, HEADER_BYTES};
 
     const DATA: u64 = 1 << 20;
     const END: u64 = 64 << 20;

@@ -178,6 +178,11 @@ pub(crate) struct Listing<'a> {
     pub location: String,
 }
 
+/// Bytes of a listing block (`Listing`) holding `payload_bytes` of payload, in whole blocks.
+pub(crate) fn listing_block_bytes(payload_bytes: usize) -> u64 {
+    ((HEADER_BYTES + payload_bytes) as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
+}
+
 /// Seals `payload` as a listing block (`Listing`) of `block_type` for the commit at `tid`,
 /// to be written at `address`, `block_bytes` long.
 pub(crate) fn seal_listing(

@@ -15,7 +15,6 @@
 //! (header, checksum, address).
 
 use super::coding::Writer;
-use super::BLOCK_BYTES;
 use super::HEADER_BYTES;
 use super::{open_listing, seal_listing, BlockType, Expect, Listing, VolumeId};
 use crate::error::{Error, Result};
@@ -39,7 +38,7 @@ pub fn encode_payload(ranges: &[(u64, u64)], data_offset: u64) -> Vec<u8> {
 
 /// Bytes of the block holding `payload_bytes` of payload, rounded up to whole blocks.
 pub fn block_bytes_for(payload_bytes: usize) -> u64 {
-    ((HEADER_BYTES + payload_bytes) as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
+    super::listing_block_bytes(payload_bytes)
 }
 
 /// Seals `payload` as the map block at `address`, `block_bytes` long.
