@@ -514,3 +514,29 @@ fn bytes_written_are_counted_by_what_they_hold() {
     assert!(report.iter().any(|c| c.0 == "nodes_written_mib"));
     assert!(report.iter().any(|c| c.0 == "maps_written_mib"));
 }
+
+/// Questions about the committed tree are counted: a lookup under a new root walks the tree
+/// (the directory's inode, the name's slots, the file's inode), and the same lookup again
+/// finds the inodes in the live memo; only the slots are walked again.
+#[test]
+fn walks_of_the_tree_are_counted() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "walks").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options(false)).unwrap();
+    fs.write_file("/f", b"walked").unwrap();
+    fs.sync().unwrap();
+    let counts = || {
+        let report = fs.volume().report();
+        let count = |name: &str| report.iter().find(|c| c.0 == name).unwrap().1;
+        (count("tree_walks"), count("memo_answers"))
+    };
+    let before = counts();
+    let ino = fs.lookup(ROOT_OBJ, b"f").unwrap().ino;
+    let first = counts();
+    assert_eq!(fs.lookup(ROOT_OBJ, b"f").unwrap().ino, ino);
+    let second = counts();
+    assert!(first.0 - before.0 >= 3, "{before:?} {first:?}");
+    assert_eq!(first.1, before.1, "{before:?} {first:?}");
+    assert_eq!(second.0 - first.0, 1, "{first:?} {second:?}");
+    assert!(second.1 - first.1 >= 2, "{first:?} {second:?}");
+}

@@ -488,6 +488,10 @@ struct Counters {
     /// Commits (and reblock steps, mirrored commits) that put a barrier between their tree
     /// and their superblock, having written no manifest (`publish`).
     barriers: AtomicU64,
+    /// Requests' questions about live records of the committed tree (`Tx::tree_live`,
+    /// `Tx::span`): those that walked the tree from its root, and those the live memo
+    /// answered. A count that does not move with the machine's load, unlike CPU time.
+    walks: (AtomicU64, AtomicU64),
     /// Bytes written to the device, by what they hold: file data placed by commits (moved
     /// files included) or written ahead of them, tree nodes, space maps and manifests, and
     /// redo-log batches (not those a crash log file takes, nor what a mirror stream writes).
@@ -1151,8 +1155,20 @@ impl Volume {
                 c.written.manifests.load(Ordering::Relaxed) >> 10,
             ),
             ("commit_barriers", c.barriers.load(Ordering::Relaxed)),
+            ("tree_walks", c.walks.0.load(Ordering::Relaxed)),
+            ("memo_answers", c.walks.1.load(Ordering::Relaxed)),
             ("log_written_mib", mib(&c.written.log)),
         ]
+    }
+
+    /// Counts a question about the committed tree's live records: walked from the root,
+    /// or answered by the live memo.
+    pub(crate) fn count_walk(&self, walked: bool) {
+        let counter = match walked {
+            true => &self.counters.walks.0,
+            false => &self.counters.walks.1,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts `nodes` tree nodes a commit (or a reblock step) wrote.

@@ -91,8 +91,10 @@ impl<'a> Tx<'a> {
             return Ok(None);
         }
         if let Some(found) = self.state.live_memo.borrow_mut().get(&self.state.root, &lk) {
+            self.volume.count_walk(false);
             return Ok(found);
         }
+        self.volume.count_walk(true);
         let mut found = None;
         btree::range_rev(
             &self.source(),
@@ -351,6 +353,7 @@ impl<'a> Tx<'a> {
             // A batch of live tree records from `cursor`.
             let mut batch: Vec<(LogicalKey, Value, u64)> = Vec::new();
             if self.in_tree(cursor.obj) {
+                self.volume.count_walk(true);
                 btree::range(
                     &self.source(),
                     self.state.root.root,
