@@ -1164,11 +1164,8 @@ impl Volume {
     /// Counts a question about the committed tree's live records: walked from the root,
     /// or answered by the live memo.
     pub(crate) fn count_walk(&self, walked: bool) {
-        let counter = match walked {
-            true => &self.counters.walks.0,
-            false => &self.counters.walks.1,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let (walks, answers) = &self.counters.walks;
+        bump(if walked { walks } else { answers }, 1);
     }
 
     /// Counts `nodes` tree nodes a commit (or a reblock step) wrote.
