@@ -1862,9 +1862,9 @@ impl Volume {
         let mut data: Vec<(usize, Stored)> = Vec::new();
         // Extents written ahead that this commit links, then those the group replaced.
         let mut ahead: Vec<ExtentRef> = Vec::new();
-        for (lk, pending) in &frozen.map {
+        for (lk, pending) in frozen.map.iter() {
             if pending.replaces != 0 {
-                let old = Key::new(*lk, pending.replaces);
+                let old = Key::new(lk, pending.replaces);
                 mutations.push(if pending.nohistory || self.options.nohistory {
                     Mutation::Remove(old)
                 } else {
@@ -1877,7 +1877,7 @@ impl Volume {
                     // Written ahead of the commit: linked as it is.
                     ahead.push(*extent);
                     mutations.push(Mutation::Insert(Element {
-                        key: Key::new(*lk, tid),
+                        key: Key::new(lk, tid),
                         delete_tid: 0,
                         payload: Payload::Extent(*extent),
                     }));
@@ -1904,7 +1904,7 @@ impl Volume {
                 Payload::Inline(value.to_vec())
             };
             mutations.push(Mutation::Insert(Element {
-                key: Key::new(*lk, tid),
+                key: Key::new(lk, tid),
                 delete_tid: 0,
                 payload,
             }));

@@ -377,20 +377,24 @@ impl<'a> Tx<'a> {
                 batch.last().map_or(hi, |b| b.0)
             };
             // Pending changes in [cursor, batch_end], newest layer winning.
-            let mut layered: BTreeMap<LogicalKey, (Option<Value>, u64)> = BTreeMap::new();
+            let mut layered: Vec<(LogicalKey, u8, &Pending, u64)> = Vec::new();
             let active_tid = self.state.active.tid;
-            let layers: [Option<(&BTreeMap<LogicalKey, Pending>, u64)>; 3] = [
-                self.state.frozen.as_deref().map(|f| (&f.map, f.tid)),
-                Some((&self.state.active.map, active_tid)),
-                Some((&self.writes, active_tid)),
-            ];
-            for (layer, tid) in layers.into_iter().flatten() {
-                for (lk, pending) in
-                    layer.range((Bound::Included(cursor), Bound::Included(batch_end)))
-                {
-                    layered.insert(*lk, (pending.value.clone(), tid));
-                }
+            if let Some(frozen) = self.state.frozen.as_deref() {
+                let changes = frozen.map.range(cursor, batch_end);
+                layered.extend(changes.map(|(lk, p)| (lk, 0, p, frozen.tid)));
             }
+            let changes = self.state.active.map.range(cursor, batch_end);
+            layered.extend(changes.map(|(lk, p)| (lk, 1, p, active_tid)));
+            let changes = self
+                .writes
+                .range((Bound::Included(cursor), Bound::Included(batch_end)));
+            layered.extend(changes.map(|(lk, p)| (*lk, 2, p, active_tid)));
+            // Each key once, from its newest layer.
+            layered.sort_unstable_by(|a, b| (a.0, b.1).cmp(&(b.0, a.1)));
+            layered.dedup_by_key(|change| change.0);
+            let layered = layered
+                .into_iter()
+                .map(|(lk, _, pending, tid)| (lk, (pending.value.clone(), tid)));
             let mut tree = batch.into_iter().peekable();
             let mut pend = layered.into_iter().peekable();
             loop {
