@@ -17,7 +17,7 @@
 use super::coding::{Reader, Writer};
 use super::record::{
     rtype, Dirent, Element, ExtentRef, Inode, Key, LocalitySet, Payload, Timestamp,
-    INLINE_BYTES_MAX, NAME_BYTES_MAX,
+    INLINE_BYTES_MAX, INODE_BYTES, NAME_BYTES_MAX,
 };
 use crate::error::{Error, Result};
 use std::fmt;
@@ -49,8 +49,6 @@ mod flag {
 
 /// Keys from here up are stored as a fixed u64 (a varint would take 9 or 10 bytes).
 const KEY_FIXED_FROM: u64 = 1 << 56;
-/// Bytes of an inode payload as `Inode::encode` writes it.
-const INODE_BYTES: usize = 92;
 /// Bytes of a directory entry payload before its name.
 const DIRENT_HEAD_BYTES: usize = 14;
 /// Smallest packed element: flags, obj, rtype, key, create_tid, a raw payload's length.

@@ -53,7 +53,12 @@ impl<'a> Tx<'a> {
         self.state.active.dead.extend(self.dead);
         let mut splices = self.splices;
         for (lk, pending) in self.writes {
-            match splices.remove(&lk) {
+            // `remove` hashes the key even when the map is empty, as it mostly is.
+            let splice = match splices.is_empty() {
+                true => None,
+                false => splices.remove(&lk),
+            };
+            match splice {
                 Some((base, lo, hi)) => {
                     self.state.active.insert_spliced(lk, pending, &base, lo, hi)
                 }
