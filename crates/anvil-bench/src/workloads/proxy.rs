@@ -942,13 +942,30 @@ impl Store {
     }
 }
 
-/// Squid's cache file path of file number `filn` (`UFSSwapDir::fullPath`).
+/// Squid's cache file path of file number `filn` (`UFSSwapDir::fullPath`): what
+/// `format!("{CACHE_DIR}/{:02X}/{:02X}/{filn:08X}", ..)` gives, written digit by digit (the
+/// replay makes one or two a request, and `format!` cost the library's replay a twentieth
+/// of its instructions).
 pub fn squid_path(filn: u32, l1: u32, l2: u32) -> String {
-    format!(
-        "{CACHE_DIR}/{:02X}/{:02X}/{filn:08X}",
-        ((filn / l2) / l2) % l1,
-        (filn / l2) % l2
-    )
+    let mut path = String::with_capacity(CACHE_DIR.len() + 16);
+    path.push_str(CACHE_DIR);
+    path.push('/');
+    push_hex(&mut path, ((filn / l2) / l2) % l1, 2);
+    path.push('/');
+    push_hex(&mut path, (filn / l2) % l2, 2);
+    path.push('/');
+    push_hex(&mut path, filn, 8);
+    path
+}
+
+/// `value` in upper-case hex, at least `width` digits, as `{:0width$X}` writes it.
+fn push_hex(out: &mut String, value: u32, width: usize) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let significant = (32 - value.leading_zeros() as usize).div_ceil(4);
+    for i in (0..significant.max(width)).rev() {
+        let digit = value.checked_shr(4 * i as u32).unwrap_or(0) & 15;
+        out.push(char::from(DIGITS[digit as usize]));
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1803,6 +1820,15 @@ mod tests {
         assert_eq!(squid_path(256, 16, 256), "cache/00/01/00000100");
         assert_eq!(squid_path(0x12345, 16, 256), "cache/01/23/00012345");
         assert_eq!(squid_path(0x10_0000, 16, 256), "cache/00/00/00100000");
+        // Any geometry, as format! writes it (a level may need more than two digits).
+        for (filn, l1, l2) in [(u32::MAX, 4096, 7), (0xABCD_EF01, 1 << 20, 3), (9, 1, 1)] {
+            let want = format!(
+                "{CACHE_DIR}/{:02X}/{:02X}/{filn:08X}",
+                ((filn / l2) / l2) % l1,
+                (filn / l2) % l2
+            );
+            assert_eq!(squid_path(filn, l1, l2), want);
+        }
     }
 
     #[test]

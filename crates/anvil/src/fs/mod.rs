@@ -97,7 +97,14 @@ fn load_inode(tx: &Tx<'_>, obj: u64) -> Step<Inode> {
 /// is destroyed at commit instead of kept as history; data takes the object's codec.
 /// Directory entries follow their directory's settings.
 fn put(tx: &mut Tx<'_>, lk: LogicalKey, value: Option<Arc<Vec<u8>>>) -> Step<()> {
-    let inode = match lk.obj {
+    let (nohistory, codec) = policy(tx, lk.obj)?;
+    tx.put_with(lk, value, nohistory, codec)
+}
+
+/// What `put` takes from `obj`'s inode: whether its old versions are kept out of history
+/// (no-history), and the codec of its data.
+fn policy(tx: &Tx<'_>, obj: u64) -> Step<(bool, u8)> {
+    let inode = match obj {
         VOLUME_OBJ => None,
         obj => match tx.get_bytes(inode_key(obj))? {
             Some(bytes) => Some(Inode::decode(&bytes)?),
@@ -108,7 +115,7 @@ fn put(tx: &mut Tx<'_>, lk: LogicalKey, value: Option<Arc<Vec<u8>>>) -> Step<()>
         .as_ref()
         .is_some_and(|i| i.flags & inode_flags::NOHISTORY != 0);
     let codec = inode.as_ref().map_or(compression::DEFAULT, Inode::codec);
-    tx.put_with(lk, value, nohistory, codec)
+    Ok((nohistory, codec))
 }
 
 fn store_inode(tx: &mut Tx<'_>, obj: u64, inode: &Inode) -> Step<()> {
@@ -226,12 +233,15 @@ fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
     // are symlink targets, attributes and, on the volume object only, volume records).
     let at = |rtype, key| LogicalKey { obj, rtype, key };
     let records = tx.span(at(rtype::DATA, 0), at(rtype::PATCH, u64::MAX), usize::MAX)?;
-    for (lk, ..) in records {
+    // Every record goes as `put` would delete it, under the inode's settings (the inode
+    // goes last); the span gave each one's version, so none is walked to again.
+    let (nohistory, codec) = policy(tx, obj)?;
+    for (lk, _, create_tid) in records {
         if matches!(
             lk.rtype,
             rtype::DATA | rtype::PATCH | rtype::XATTR | rtype::SYMLINK
         ) {
-            put(tx, lk, None)?;
+            tx.delete_found(lk, create_tid, nohistory, codec)?;
         }
     }
     put(tx, inode_key(obj), None)?;

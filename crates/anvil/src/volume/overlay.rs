@@ -263,10 +263,10 @@ impl PendingMap {
         old
     }
 
-    /// The objects with changes in `lo.obj..=hi.obj`, in order.
+    /// The objects with changes in `lo..=hi`, in order.
     fn objects_in(&self, lo: u64, hi: u64) -> Vec<u64> {
         let mut objs: Vec<u64> = match hi - lo < 64 {
-            // A few ids: ask for each (every caller asks about one object).
+            // A few ids: ask for each.
             true => (lo..=hi).filter(|o| self.objects.contains_key(o)).collect(),
             false => {
                 let ids = self.objects.keys().copied();
@@ -277,29 +277,40 @@ impl PendingMap {
         objs
     }
 
+    /// The changes of `obj` with (rtype, key) in `within`, in key order.
+    fn in_object(
+        &self,
+        obj: u64,
+        within: RangeInclusive<Slot>,
+    ) -> impl Iterator<Item = (LogicalKey, &Pending)> + '_ {
+        let records = self.objects.get(&obj).map(|r| r.range(within));
+        let records = records.into_iter().flatten();
+        records.map(move |((rtype, key), p)| (LogicalKey { obj, rtype, key }, p))
+    }
+
     /// The changes with `lo <= key <= hi`, in key order.
     pub fn range(
         &self,
         lo: LogicalKey,
         hi: LogicalKey,
     ) -> impl Iterator<Item = (LogicalKey, &Pending)> + '_ {
-        let objs = match lo <= hi {
+        // Every caller asks about one object: that needs no list of objects.
+        let one =
+            (lo.obj == hi.obj && lo <= hi).then(|| self.in_object(lo.obj, slot(&lo)..=slot(&hi)));
+        let objs = match lo.obj < hi.obj {
             true => self.objects_in(lo.obj, hi.obj),
             false => Vec::new(),
         };
-        objs.into_iter().flat_map(move |obj| {
+        let many = objs.into_iter().flat_map(move |obj| {
             let first = if obj == lo.obj { slot(&lo) } else { (0, 0) };
             let last = if obj == hi.obj {
                 slot(&hi)
             } else {
                 (u8::MAX, u64::MAX)
             };
-            let records = self.objects.get(&obj).map(|r| r.range(first..=last));
-            records
-                .into_iter()
-                .flatten()
-                .map(move |((rtype, key), p)| (LogicalKey { obj, rtype, key }, p))
-        })
+            self.in_object(obj, first..=last)
+        });
+        one.into_iter().flatten().chain(many)
     }
 
     /// Every change, in key order.

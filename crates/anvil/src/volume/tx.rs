@@ -198,12 +198,38 @@ impl<'a> Tx<'a> {
         )
     }
 
+    /// Deletes `lk`, a live record that `span` (or `range_versions`) just gave with its
+    /// `create_tid`: `put_with(lk, None, ..)` without a second walk of the tree for the
+    /// version it replaces. (A record a pending layer gave is found there again.)
+    pub fn delete_found(
+        &mut self,
+        lk: LogicalKey,
+        create_tid: u64,
+        nohistory: bool,
+        codec: u8,
+    ) -> Step<()> {
+        self.put_found(lk, None, nohistory, codec, Some(create_tid))
+    }
+
     fn put_value(
         &mut self,
         lk: LogicalKey,
         value: Option<Value>,
         nohistory: bool,
         codec: u8,
+    ) -> Step<()> {
+        self.put_found(lk, value, nohistory, codec, None)
+    }
+
+    /// `put_value`; `in_tree`, when known, is the create_tid of `lk`'s live version in the
+    /// committed tree.
+    fn put_found(
+        &mut self,
+        lk: LogicalKey,
+        value: Option<Value>,
+        nohistory: bool,
+        codec: u8,
+        in_tree: Option<u64>,
     ) -> Step<()> {
         let (replaces, existed) = match self.pending(&lk) {
             Some((pending, None)) => (pending.replaces, pending.value.is_some()),
@@ -214,9 +240,12 @@ impl<'a> Tx<'a> {
                     (0, false)
                 }
             }
-            None => match self.tree_live(lk)? {
-                Some((create_tid, _)) => (create_tid, true),
-                None => (0, false),
+            None => match in_tree {
+                Some(create_tid) => (create_tid, true),
+                None => match self.tree_live(lk)? {
+                    Some((create_tid, _)) => (create_tid, true),
+                    None => (0, false),
+                },
             },
         };
         if lk.obj >= self.state.next_obj {
