@@ -1862,7 +1862,7 @@ impl Volume {
         let mut data: Vec<(usize, Stored)> = Vec::new();
         // Extents written ahead that this commit links, then those the group replaced.
         let mut ahead: Vec<ExtentRef> = Vec::new();
-        for (lk, pending) in frozen.map.iter() {
+        for (lk, pending) in frozen.map.sorted() {
             if pending.replaces != 0 {
                 let old = Key::new(lk, pending.replaces);
                 mutations.push(if pending.nohistory || self.options.nohistory {

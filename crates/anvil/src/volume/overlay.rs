@@ -201,19 +201,24 @@ impl Records {
         }
     }
 
-    /// The records in `within`, in key order.
-    fn range(&self, within: RangeInclusive<Slot>) -> impl Iterator<Item = (Slot, &Pending)> + '_ {
-        let (few, many) = match self {
+    /// Calls `f` with the records in `within`, in key order.
+    fn each_in<'a>(&'a self, within: RangeInclusive<Slot>, f: &mut impl FnMut(Slot, &'a Pending)) {
+        match self {
             Records::Few(few) => {
                 let start = few.partition_point(|(s, _)| s < within.start());
-                let end = few.partition_point(|(s, _)| s <= within.end());
-                (few.get(start..end.max(start)), None)
+                for (at, pending) in &few[start..] {
+                    if at > within.end() {
+                        break;
+                    }
+                    f(*at, pending);
+                }
             }
-            Records::Many(many) => (None, Some(many.range(within))),
-        };
-        let few = few.into_iter().flatten().map(|(s, p)| (*s, p));
-        let many = many.into_iter().flatten().map(|(s, p)| (*s, p));
-        few.chain(many)
+            Records::Many(many) => {
+                for (at, pending) in many.range(within) {
+                    f(*at, pending);
+                }
+            }
+        }
     }
 }
 
@@ -277,63 +282,67 @@ impl PendingMap {
         objs
     }
 
-    /// The changes of `obj` with (rtype, key) in `within`, in key order.
-    fn in_object(
-        &self,
-        obj: u64,
-        within: RangeInclusive<Slot>,
-    ) -> impl Iterator<Item = (LogicalKey, &Pending)> + '_ {
-        let records = self.objects.get(&obj).map(|r| r.range(within));
-        let records = records.into_iter().flatten();
-        records.map(move |((rtype, key), p)| (LogicalKey { obj, rtype, key }, p))
-    }
-
-    /// The changes with `lo <= key <= hi`, in key order.
-    pub fn range(
-        &self,
+    /// Calls `f` with every change with `lo <= key <= hi`, in key order. (A callback, not
+    /// an iterator: the nested iterators a range over objects and records makes were
+    /// copied about at every step, a twentieth of a proxy replay's time.)
+    pub fn each_in<'a>(
+        &'a self,
         lo: LogicalKey,
         hi: LogicalKey,
-    ) -> impl Iterator<Item = (LogicalKey, &Pending)> + '_ {
-        // Every caller asks about one object: that needs no list of objects.
-        let one =
-            (lo.obj == hi.obj && lo <= hi).then(|| self.in_object(lo.obj, slot(&lo)..=slot(&hi)));
-        let objs = match lo.obj < hi.obj {
-            true => self.objects_in(lo.obj, hi.obj),
-            false => Vec::new(),
+        mut f: impl FnMut(LogicalKey, &'a Pending),
+    ) {
+        if lo > hi {
+            return;
+        }
+        let mut in_object = |obj: u64, within: RangeInclusive<Slot>| {
+            if let Some(records) = self.objects.get(&obj) {
+                records.each_in(within, &mut |(rtype, key), pending| {
+                    f(LogicalKey { obj, rtype, key }, pending)
+                });
+            }
         };
-        let many = objs.into_iter().flat_map(move |obj| {
+        if lo.obj == hi.obj {
+            // What every caller asks: one object's records, with no list of objects.
+            return in_object(lo.obj, slot(&lo)..=slot(&hi));
+        }
+        for obj in self.objects_in(lo.obj, hi.obj) {
             let first = if obj == lo.obj { slot(&lo) } else { (0, 0) };
             let last = if obj == hi.obj {
                 slot(&hi)
             } else {
                 (u8::MAX, u64::MAX)
             };
-            self.in_object(obj, first..=last)
-        });
-        one.into_iter().flatten().chain(many)
+            in_object(obj, first..=last);
+        }
     }
 
     /// Every change, in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (LogicalKey, &Pending)> + '_ {
-        let all = LogicalKey {
+    pub fn sorted(&self) -> Vec<(LogicalKey, &Pending)> {
+        let mut all = Vec::with_capacity(self.len);
+        let first = LogicalKey {
             obj: 0,
             rtype: 0,
             key: 0,
-        }..=LogicalKey {
+        };
+        let last = LogicalKey {
             obj: u64::MAX,
             rtype: u8::MAX,
             key: u64::MAX,
         };
-        self.range(*all.start(), *all.end())
+        self.each_in(first, last, |lk, pending| all.push((lk, pending)));
+        all
     }
 
     /// Every changed key, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = LogicalKey> + '_ {
         self.objects.iter().flat_map(|(&obj, records)| {
-            let all = (0, 0)..=(u8::MAX, u64::MAX);
-            records
-                .range(all)
-                .map(move |((rtype, key), _)| LogicalKey { obj, rtype, key })
+            let slots: Vec<Slot> = match records {
+                Records::Few(few) => few.iter().map(|(at, _)| *at).collect(),
+                Records::Many(many) => many.keys().copied().collect(),
+            };
+            slots
+                .into_iter()
+                .map(move |(rtype, key)| LogicalKey { obj, rtype, key })
         })
     }
 }
@@ -390,8 +399,8 @@ mod tests {
                 _ => {
                     let other = random_key(&mut rng);
                     let (lo, hi) = (key.min(other), key.max(other));
-                    let got: Vec<(LogicalKey, u64)> =
-                        map.range(lo, hi).map(|(k, p)| (k, p.replaces)).collect();
+                    let mut got: Vec<(LogicalKey, u64)> = Vec::new();
+                    map.each_in(lo, hi, |k, p| got.push((k, p.replaces)));
                     let want: Vec<(LogicalKey, u64)> =
                         model.range(lo..=hi).map(|(k, v)| (*k, *v)).collect();
                     assert_eq!(got, want, "range {lo:?}..={hi:?}");
@@ -399,7 +408,8 @@ mod tests {
             }
             assert_eq!(map.len(), model.len());
         }
-        let all: Vec<(LogicalKey, u64)> = map.iter().map(|(k, p)| (k, p.replaces)).collect();
+        let all: Vec<(LogicalKey, u64)> =
+            map.sorted().iter().map(|(k, p)| (*k, p.replaces)).collect();
         let want: Vec<(LogicalKey, u64)> = model.iter().map(|(k, v)| (*k, *v)).collect();
         assert_eq!(all, want);
         let mut keys: Vec<LogicalKey> = map.keys().collect();

@@ -414,11 +414,15 @@ impl<'a> Tx<'a> {
             let mut layered: Vec<(LogicalKey, u8, &Pending, u64)> = Vec::new();
             let active_tid = self.state.active.tid;
             if let Some(frozen) = self.state.frozen.as_deref() {
-                let changes = frozen.map.range(cursor, batch_end);
-                layered.extend(changes.map(|(lk, p)| (lk, 0, p, frozen.tid)));
+                let tid = frozen.tid;
+                frozen
+                    .map
+                    .each_in(cursor, batch_end, |lk, p| layered.push((lk, 0, p, tid)));
             }
-            let changes = self.state.active.map.range(cursor, batch_end);
-            layered.extend(changes.map(|(lk, p)| (lk, 1, p, active_tid)));
+            let active = &self.state.active.map;
+            active.each_in(cursor, batch_end, |lk, p| {
+                layered.push((lk, 1, p, active_tid))
+            });
             let changes = self
                 .writes
                 .range((Bound::Included(cursor), Bound::Included(batch_end)));
