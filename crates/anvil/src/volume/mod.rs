@@ -2093,14 +2093,15 @@ impl Volume {
         if previous.manifest_address != 0 {
             freed.push((previous.manifest_address, previous.manifest_bytes));
         }
+        // Whole nodes, the map and the manifest both: they move at every commit, and one of
+        // a few blocks would leave holes smaller than a node behind it, free space that no
+        // commit can use for the nodes it copies (a full volume then fails the commit of a
+        // delete, with hundreds of KiB free in 4 KiB pieces; the manifest's holes did that
+        // to one run in three of `tests/full_volume.rs` on a loaded machine).
+        let node_round = |b: u64| b.div_ceil(NODE_BYTES as u64) * NODE_BYTES as u64;
         let manifest_bytes = ranges
             .as_ref()
-            .map(|r| manifest::block_bytes_for(r.len() + 1));
-        // Whole nodes: the map moves at every commit, and a map of a few blocks would leave
-        // holes smaller than a node behind it, free space that no commit can use for the
-        // nodes it copies (a full volume then fails the commit of a delete, with hundreds
-        // of KiB free in 4 KiB pieces).
-        let node_round = |b: u64| b.div_ceil(NODE_BYTES as u64) * NODE_BYTES as u64;
+            .map(|r| node_round(manifest::block_bytes_for(r.len() + 1)));
         let mut bytes = node_round(previous.space_map_bytes.max(BLOCK_BYTES));
         // Right after the commit's last nodes where that is free, written with them, and
         // the manifest right after the map.
