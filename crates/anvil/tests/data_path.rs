@@ -168,6 +168,43 @@ fn repeated_reads_come_from_the_extent_cache() {
     assert!(after.bytes <= after.budget_bytes);
 }
 
+/// A read inside one chunk is served from that chunk's bytes, whether this read holds the
+/// only reference to them (a chunk read whole, which the cache does not keep) or shares
+/// them (a chunk the cache keeps, or one still in memory), at its start or inside it.
+#[test]
+fn reads_inside_one_chunk_return_exactly_their_bytes() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "single").unwrap();
+    let fs = Filesystem::open(device as Arc<dyn Device>, options()).unwrap();
+    let content = text(3 * 65536 + 5000, 11);
+    let small = text(3000, 12);
+    let ino = fs.write_file("/f", &content).unwrap();
+    let small_ino = fs.write_file("/small", &small).unwrap();
+    // In memory first (pending), then from the device with the caches dropped.
+    for cold in [false, true] {
+        if cold {
+            fs.sync().unwrap();
+            fs.volume().drop_caches();
+        }
+        for (at, len) in [
+            (0u64, 65536u32), // a whole chunk: read whole, not kept
+            (65536, 65536),
+            (3 * 65536, 65536),   // the last chunk, past the end of the file
+            (65536 + 100, 65436), // to a chunk's end from inside it
+            (2 * 65536 + 7, 10),  // inside a chunk, now kept by the cache
+            (2 * 65536, 1),
+            (65000, 1000), // across two chunks
+        ] {
+            let want = &content[at as usize..(at as usize + len as usize).min(content.len())];
+            assert_eq!(fs.read(ino, at, len).unwrap(), want, "{len} at {at}");
+        }
+        assert_eq!(fs.read(small_ino, 0, 65536).unwrap(), small);
+        assert_eq!(fs.read(small_ino, 1000, 10).unwrap(), &small[1000..1010]);
+        assert_eq!(fs.read(small_ino, 2999, 10).unwrap(), &small[2999..]);
+        assert!(fs.read(small_ino, 3000, 10).unwrap().is_empty());
+    }
+}
+
 /// Random writes (mostly small overwrites, which become patches), truncations and commits
 /// against a byte-vector model; every committed version must read back exactly, across a
 /// reopen, and `check` must find every patch over its chunk.
@@ -236,6 +273,22 @@ fn random_writes_match_the_model(nohistory: bool, seed: u64) {
                 "step {step}, pending state"
             );
         }
+        // A read of a few bytes to a few chunks, often inside one chunk (from memory, the
+        // cache or the device), at its start or not, past the end sometimes.
+        let at = rng.gen_range(0..model.len() as u64 + 100);
+        let len = match rng.gen_range(0..3) {
+            0 => rng.gen_range(1..4096),
+            1 => 65536 - (at % 65536) as u32,
+            _ => rng.gen_range(1..200_000),
+        };
+        let want = model
+            .get(at as usize..)
+            .map_or(&[][..], |rest| &rest[..rest.len().min(len as usize)]);
+        assert_eq!(
+            fs.read(ino, at, len).unwrap(),
+            want,
+            "step {step}: {len} at {at}"
+        );
     }
     versions.push((fs.sync().unwrap(), model.clone()));
     if nohistory {

@@ -514,6 +514,20 @@ pub struct Leaf {
 /// packed again is never larger than this either).
 const PACKED_LEAF_BYTES_MAX: usize = u16::MAX as usize;
 
+/// The varint at the start of `bytes` and the bytes after it, for reading a validated
+/// leaf: one pass over a slice, no check per byte (a varint cut short reads as what it has).
+#[inline]
+fn varint_in(bytes: &[u8]) -> (u64, &[u8]) {
+    let mut value = 0u64;
+    for (i, &b) in bytes.iter().take(10).enumerate() {
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return (value, bytes.get(i + 1..).unwrap_or_default());
+        }
+    }
+    (value, bytes.get(10..).unwrap_or_default())
+}
+
 impl Leaf {
     /// Packs `elements` (in ascending key order).
     pub fn from_elements(elements: &[Element]) -> Leaf {
@@ -648,52 +662,37 @@ impl Leaf {
     }
 
     /// How element `index`'s key compares with `key`, decoding its fields only as far as
-    /// they decide (most comparisons in a search end at `obj`).
+    /// they decide (most comparisons in a search end at `obj`). The leaf was validated when
+    /// built, so every field lies inside it; a byte past the end (which cannot happen)
+    /// reads as zero rather than panicking.
     pub fn compare(&self, index: usize, key: &Key) -> std::cmp::Ordering {
-        let mut at = usize::from(self.starts[index]);
-        let bytes = &self.bytes[..];
-        // The leaf was validated when built: these reads stay inside it, and a byte past
-        // the end (which cannot happen) reads as zero rather than panicking.
-        let byte = |at: usize| bytes.get(at).copied().unwrap_or(0);
-        let varint = |at: &mut usize| {
-            let mut value = 0u64;
-            let mut shift = 0;
-            loop {
-                let b = byte(*at);
-                *at += 1;
-                value |= u64::from(b & 0x7f).checked_shl(shift).unwrap_or(0);
-                if b & 0x80 == 0 || shift >= 63 {
-                    return value;
-                }
-                shift += 7;
-            }
-        };
-        let flags = byte(at);
-        at += 1;
-        let order = varint(&mut at).cmp(&key.obj);
+        let start = usize::from(self.starts[index]);
+        let element = self.bytes.get(start..).unwrap_or_default();
+        let flags = element.first().copied().unwrap_or(0);
+        let (obj, rest) = varint_in(element.get(1..).unwrap_or_default());
+        let order = obj.cmp(&key.obj);
         if order.is_ne() {
             return order;
         }
-        let order = byte(at).cmp(&key.rtype);
-        at += 1;
+        let order = rest.first().copied().unwrap_or(0).cmp(&key.rtype);
         if order.is_ne() {
             return order;
         }
-        let element_key = if flags & flag::KEY_FIXED != 0 {
-            let mut le = [0u8; 8];
-            for (i, b) in le.iter_mut().enumerate() {
-                *b = byte(at + i);
-            }
-            at += 8;
-            u64::from_le_bytes(le)
+        let rest = rest.get(1..).unwrap_or_default();
+        let (element_key, rest) = if flags & flag::KEY_FIXED != 0 {
+            let le: [u8; 8] = rest
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .unwrap_or_default();
+            (u64::from_le_bytes(le), rest.get(8..).unwrap_or_default())
         } else {
-            varint(&mut at)
+            varint_in(rest)
         };
         let order = element_key.cmp(&key.key);
         if order.is_ne() {
             return order;
         }
-        varint(&mut at).cmp(&key.create_tid)
+        varint_in(rest).0.cmp(&key.create_tid)
     }
 
     /// Index of the first element whose key is not below `key`.
@@ -873,7 +872,26 @@ mod tests {
             assert_eq!(leaf.lower_bound(&e.key), i);
         }
         assert_eq!(leaf.find(&key(3, 0, 0, 0)), None);
-        for probe in elements.iter().map(|e| e.key).chain([
+        // Every key, and keys one off it in each field (each branch of `compare`).
+        let near = |k: Key| {
+            let f = |v: u64, d: i8| {
+                if d < 0 {
+                    v.saturating_sub(1)
+                } else {
+                    v.saturating_add(1)
+                }
+            };
+            [-1i8, 1].into_iter().flat_map(move |d| {
+                [
+                    key(f(k.obj, d), k.rtype, k.key, k.create_tid),
+                    key(k.obj, k.rtype.saturating_add_signed(d), k.key, k.create_tid),
+                    key(k.obj, k.rtype, f(k.key, d), k.create_tid),
+                    key(k.obj, k.rtype, k.key, f(k.create_tid, d)),
+                ]
+            })
+        };
+        let probes = elements.iter().flat_map(|e| near(e.key).chain([e.key]));
+        for probe in probes.chain([
             key(0, 0, 0, 0),
             key(2, rtype::DIRENT, 70_000, 10),
             key(300_000, rtype::DATA, 65536, 8),

@@ -1101,11 +1101,6 @@ impl Filesystem {
         self.prefetch
             .note_read(ino, offset, end - offset, file_size);
         self.prefetch.wait_for(ino, offset, end - offset);
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "end is at most offset + size, and size is a u32"
-        )]
-        let mut out = vec![0u8; (end - offset) as usize];
         // A chunk its patches write whole is not read (the kernel's writeback cuts 1 MiB
         // writes anywhere a page starts, so a rewritten chunk is often two patches).
         let patched_whole = chunk::covered_by_patches(&chunks, &patches);
@@ -1166,6 +1161,43 @@ impl Filesystem {
                 .or_default()
                 .push((*key, bytes, *create_tid));
         }
+        // One chunk holds the whole range (a small file read whole, most often): its bytes
+        // are the answer, with no zeroed buffer to copy them into, and none copied at all
+        // when this read holds the only reference.
+        let single = match &chunk_bytes[..] {
+            [(key, bytes)] if patch_bytes.is_empty() => {
+                let chunk_start = key - DATA_CHUNK_BYTES;
+                let covers = chunk_start <= offset && end <= chunk_start + bytes.len() as u64;
+                covers.then_some(chunk_start)
+            }
+            _ => None,
+        };
+        if let Some(chunk_start) = single {
+            if let Some((_, bytes)) = chunk_bytes.pop() {
+                drop(root);
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "offset..end lies inside the chunk, which is in memory"
+                )]
+                let (from, to) = (
+                    (offset - chunk_start) as usize,
+                    (end - chunk_start) as usize,
+                );
+                return Ok(match Arc::try_unwrap(bytes) {
+                    Ok(mut whole) if from == 0 => {
+                        whole.truncate(to);
+                        whole
+                    }
+                    Ok(whole) => whole[from..to].to_vec(),
+                    Err(shared) => shared[from..to].to_vec(),
+                });
+            }
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "end is at most offset + size, and size is a u32"
+        )]
+        let mut out = vec![0u8; (end - offset) as usize];
         for (key, bytes) in chunk_bytes {
             let chunk_start = key - DATA_CHUNK_BYTES;
             let bytes = match patch_bytes.get_mut(&(key / DATA_CHUNK_BYTES - 1)) {

@@ -427,8 +427,8 @@ impl<'a> Tx<'a> {
                 .writes
                 .range((Bound::Included(cursor), Bound::Included(batch_end)));
             layered.extend(changes.map(|(lk, p)| (*lk, 2, p, active_tid)));
-            // Each key once, from its newest layer.
-            layered.sort_unstable_by(|a, b| (a.0, b.1).cmp(&(b.0, a.1)));
+            // Each key once, from its newest layer: keys ascending, newest layer first.
+            layered.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
             layered.dedup_by_key(|change| change.0);
             let layered = layered
                 .into_iter()
