@@ -2453,6 +2453,7 @@ impl Volume {
         let changed: HashSet<u64> = frozen
             .map
             .keys()
+            .into_iter()
             .filter(|lk| is_data(lk.rtype))
             .map(|lk| lk.obj)
             .chain(

@@ -334,16 +334,15 @@ impl PendingMap {
     }
 
     /// Every changed key, in no particular order.
-    pub fn keys(&self) -> impl Iterator<Item = LogicalKey> + '_ {
-        self.objects.iter().flat_map(|(&obj, records)| {
-            let slots: Vec<Slot> = match records {
-                Records::Few(few) => few.iter().map(|(at, _)| *at).collect(),
-                Records::Many(many) => many.keys().copied().collect(),
-            };
-            slots
-                .into_iter()
-                .map(move |(rtype, key)| LogicalKey { obj, rtype, key })
-        })
+    pub fn keys(&self) -> Vec<LogicalKey> {
+        let mut keys = Vec::with_capacity(self.len);
+        for (&obj, records) in &self.objects {
+            let all = (0, 0)..=(u8::MAX, u64::MAX);
+            records.each_in(all, &mut |(rtype, key), _| {
+                keys.push(LogicalKey { obj, rtype, key })
+            });
+        }
+        keys
     }
 }
 
@@ -412,7 +411,7 @@ mod tests {
             map.sorted().iter().map(|(k, p)| (*k, p.replaces)).collect();
         let want: Vec<(LogicalKey, u64)> = model.iter().map(|(k, v)| (*k, *v)).collect();
         assert_eq!(all, want);
-        let mut keys: Vec<LogicalKey> = map.keys().collect();
+        let mut keys = map.keys();
         keys.sort();
         assert!(keys.iter().eq(model.keys()));
         assert!(matches!(map.objects.get(&3), Some(Records::Many(_))));
