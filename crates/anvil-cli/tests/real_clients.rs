@@ -227,8 +227,15 @@ fn git_survives_daemon_kills_during_gc() {
         std::thread::sleep(std::time::Duration::from_millis(40 + 53 * round as u64));
         mount.kill_daemon_and_remount(&format!("git gc round {round}"));
         let _ = gc.wait();
-        // What a user does after a crash: remove the locks the killed gc held.
-        for stale in ["gc.pid", "packed-refs.lock", "index.lock", "shallow.lock"] {
+        // What a user does after a crash: remove the locks the killed gc held (its reflog
+        // expiry locks HEAD: CI once killed it holding HEAD.lock).
+        for stale in [
+            "gc.pid",
+            "packed-refs.lock",
+            "index.lock",
+            "shallow.lock",
+            "HEAD.lock",
+        ] {
             let _ = std::fs::remove_file(repo.join(".git").join(stale));
         }
         git(&repo, &["fsck", "--full", "--strict"]);
