@@ -10,6 +10,11 @@
 /// page cache (or the program) cannot have. Trimming less than that is not worth it: the
 /// next allocations fault the pages back in (trimming every second cost small-file
 /// workloads about 8% of the daemon's time in page faults and heap growth).
+///
+/// This is for programs that allocate through glibc's malloc. The `anvil` binary allocates
+/// through jemalloc, which returns freed pages from its own thread (its settings are in
+/// the binary's `main.rs`); glibc's heap then holds next to nothing and this thread finds
+/// nothing to trim.
 pub fn start_heap_trimmer() {
     let spawned = std::thread::Builder::new()
         .name("anvil-trim".into())
