@@ -19,7 +19,8 @@ CACHE="${ANVIL_TOOLS_CACHE:-/var/cache/anvil-tools}"
 # Debian packages: FUSE runtime and headers, ACL/xattr tools (pjdfstest needs
 # libacl1-dev to build), peer filesystems for comparisons (zfs-fuse included),
 # load generators, and what `anvil bench` needs: gcc and make for the nightly
-# build, rsync for backups, a font for PNG charts; sqlite3 and git for the
+# build (and for jemalloc, which the anvil binary's build compiles from its C
+# sources), rsync for backups, a font for PNG charts; sqlite3 and git for the
 # real-client mount tests; ssh and a private sshd for the two-host mirroring run.
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config libacl1-dev acl attr
