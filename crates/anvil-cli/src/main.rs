@@ -339,8 +339,8 @@ const EXIT_DAMAGED: u8 = 3;
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings, read when it starts (the `_rjem_` prefix is the embedded build's).
-/// One arena: the commit thread frees what the request threads allocated, and arenas per
-/// thread kept each one's freed pages apart. Freed pages go back to the kernel 200 ms
+/// One arena: the commit thread frees what the request threads allocated, and separate
+/// arenas would each hold freed pages of their own. Freed pages go back to the kernel 200 ms
 /// after they were last used, from jemalloc's own thread: a FUSE daemon shares its memory
 /// cgroup with the programs using the mount, and with jemalloc's defaults (ten seconds of
 /// dirty pages, arenas per CPU) the proxy replay was killed by its 256 MiB cgroup. Thread
