@@ -343,9 +343,9 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// arenas would each hold freed pages of their own. Freed pages go back to the kernel 200 ms
 /// after they were last used, from jemalloc's own thread: a FUSE daemon shares its memory
 /// cgroup with the programs using the mount, and with jemalloc's defaults (ten seconds of
-/// dirty pages, arenas per CPU) the proxy replay was killed by its 256 MiB cgroup. Thread
-/// caches keep their default reach (32 KiB): at 4 KiB, cold reads through the mount were
-/// a sixth slower.
+/// dirty pages, four arenas per CPU) the proxy replay was killed by its 256 MiB cgroup.
+/// Thread caches keep their default reach (32 KiB): at 4 KiB, cold reads through the mount
+/// were a fifth slower.
 #[used]
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: MallocConf =
