@@ -508,7 +508,8 @@ fn serve(
             log::info!("device I/O: through the host page cache ({why})")
         }
     }
-    anvil::heap::start_heap_trimmer();
+    // No heap trimmer (`anvil::heap`): this binary allocates through jemalloc, which hands
+    // freed pages back itself (main.rs).
     if config.writeback && fs.volume().is_slave() {
         // Its files change under the kernel (mirror streams): the kernel must take sizes
         // and times from the daemon.

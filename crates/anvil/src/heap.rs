@@ -13,8 +13,8 @@
 ///
 /// This is for programs that allocate through glibc's malloc. The `anvil` binary allocates
 /// through jemalloc, which returns freed pages from its own thread (its settings are in
-/// the binary's `main.rs`); glibc's heap then holds next to nothing and this thread finds
-/// nothing to trim.
+/// the binary's `main.rs`), so its daemon does not start this thread; the bench's
+/// library targets still do, for the `anvil-bench` binary, which keeps glibc's malloc.
 pub fn start_heap_trimmer() {
     let spawned = std::thread::Builder::new()
         .name("anvil-trim".into())
