@@ -478,6 +478,9 @@ async fn submit<T: compio_driver::OpCode + 'static>(op: T) -> io::Result<bool> {
     }
 }
 
+/// How long the /dev/fuse thread waits after a FORGET before it reads again.
+const FORGET_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Serves /dev/fuse beside the rings: FORGETs and INTERRUPTs, and EIO for any request made
 /// before every queue was registered (only the readiness probe makes those).
 fn serve_dev_fuse<B: Backend>(fd: BorrowedFd<'_>, adapter: &B, max_write: u32) {
@@ -493,6 +496,12 @@ fn serve_dev_fuse<B: Backend>(fd: BorrowedFd<'_>, adapter: &B, max_write: u32) {
             continue;
         };
         let body = std::mem::size_of::<fuse_in_header>();
+        if matches!(header.opcode, FUSE_FORGET | FUSE_BATCH_FORGET) {
+            // Nothing waits for a FORGET. Pausing after one lets the next ones collect, so
+            // that the kernel hands them over as one BATCH_FORGET instead of waking this
+            // thread for each (a proxy replay sends half a million).
+            std::thread::sleep(FORGET_PAUSE);
+        }
         match header.opcode {
             FUSE_INTERRUPT => {} // Requests are short and not interruptible; no reply.
             FUSE_FORGET => {

@@ -225,3 +225,83 @@ fn repeated_reads_of_a_record_walk_the_tree_once_per_root() {
     assert_eq!(fs.getattr(ino).unwrap().size, 5);
     assert!(node_lookups(&fs) > before, "a new root is walked again");
 }
+
+/// An object unlinked or renamed over while a handle holds it stays readable until its
+/// last handle goes, and is destroyed then; releasing a file that keeps its name reads
+/// nothing (a mount releases every file the kernel forgets).
+#[test]
+fn unlinked_open_files_live_until_released_and_linked_ones_release_for_free() {
+    let device = fresh(64 << 20);
+    let fs = Filesystem::open(device, options()).unwrap();
+    for name in ["a", "b", "c", "d", "kept"] {
+        fs.write_file(&format!("/{name}"), name.as_bytes()).unwrap();
+    }
+    fs.sync().unwrap();
+    let ino = |name: &str| fs.lookup(1, name.as_bytes()).unwrap().ino;
+    let (a, b, c, d, kept) = (ino("a"), ino("b"), ino("c"), ino("d"), ino("kept"));
+    for obj in [a, a, b, kept] {
+        fs.open_handle(obj).unwrap();
+    }
+    fs.unlink(1, b"a").unwrap();
+    fs.rename(1, b"c", 1, b"b", Default::default()).unwrap();
+    fs.unlink(1, b"d").unwrap();
+    assert!(
+        fs.getattr(d).is_err(),
+        "unlinked with no handle: gone at once"
+    );
+    assert_eq!(fs.read(a, 0, 10).unwrap(), b"a");
+    assert_eq!(fs.read(b, 0, 10).unwrap(), b"b");
+    fs.release_handle(a).unwrap();
+    assert_eq!(fs.read(a, 0, 10).unwrap(), b"a", "one handle left");
+    fs.release_handle(a).unwrap();
+    fs.release_handle(b).unwrap();
+    assert!(fs.getattr(a).is_err() && fs.getattr(b).is_err());
+    assert_eq!(fs.read(c, 0, 10).unwrap(), b"c");
+
+    fs.volume().drop_caches();
+    let node_lookups = |fs: &Filesystem| {
+        let stats = fs.volume().cache_stats();
+        stats.node_hits + stats.node_misses
+    };
+    let before = node_lookups(&fs);
+    fs.release_handle(kept).unwrap();
+    assert_eq!(
+        node_lookups(&fs),
+        before,
+        "a linked file's release reads nothing"
+    );
+    assert_eq!(fs.read(kept, 0, 10).unwrap(), b"kept");
+    fs.sync().unwrap();
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+/// Orphans a volume went down with stay while it is opened without reaping them (a daemon
+/// that takes over from a dead one: the kernel may still hold them) and go when the last
+/// handle on them does.
+#[test]
+fn orphans_kept_at_open_go_with_their_last_handle() {
+    let device = fresh(64 << 20);
+    let fs = Filesystem::open(device.clone(), options()).unwrap();
+    fs.write_file("/o", b"orphan").unwrap();
+    let o = fs.lookup(1, b"o").unwrap().ino;
+    fs.open_handle(o).unwrap();
+    fs.unlink(1, b"o").unwrap();
+    fs.sync().unwrap();
+    drop(fs); // Down with the handle open.
+
+    let keep = MountOptions {
+        reap_orphans: false,
+        ..options()
+    };
+    let fs = Filesystem::open(device.clone(), keep).unwrap();
+    assert_eq!(fs.read(o, 0, 10).unwrap(), b"orphan", "kept at open");
+    fs.open_handle(o).unwrap();
+    fs.release_handle(o).unwrap();
+    assert!(fs.getattr(o).is_err(), "destroyed with its last handle");
+    fs.close().unwrap();
+    drop(fs);
+    let fs = Filesystem::open(device, options()).unwrap();
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

@@ -266,7 +266,7 @@ impl Filesystem {
                     };
                 }
             }
-            let held = self.is_open(ino);
+            let held = self.held_for_unlink(ino);
             unlink_entry(tx, parent, slot, &entry, held)?;
             Ok(Some((bytes, held)))
         });

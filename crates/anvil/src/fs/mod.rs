@@ -49,6 +49,9 @@ pub struct Filesystem {
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Open handles per object: unlinked objects live until the last one closes.
     open_handles: Mutex<HashMap<u64, u32>>,
+    /// Objects that may have lost their last link while open (every orphan is here, and a
+    /// few that kept a link): only their last handle's release looks at the tree.
+    maybe_orphans: Mutex<std::collections::HashSet<u64>>,
     /// One prune at a time (its removals must be committed before the next scan).
     prune_lock: Mutex<()>,
     prefetch: prefetch::Prefetcher,
@@ -570,6 +573,7 @@ impl Filesystem {
             volume,
             committer: Mutex::new(None),
             open_handles: Mutex::new(HashMap::new()),
+            maybe_orphans: Mutex::default(),
             prune_lock: Mutex::new(()),
             evicting: std::sync::atomic::AtomicBool::new(false),
             evictable: Mutex::new(evict::Tracker::default()),
@@ -588,6 +592,14 @@ impl Filesystem {
         if !fs.volume.is_read_only() {
             if !slave && options.reap_orphans {
                 fs.reap_orphans()?;
+            } else if !slave {
+                // Kept for the kernel, which may still hold them (a replaced daemon).
+                let orphans = fs.volume.run(false, |tx| {
+                    tx.range(VOLUME_OBJ, rtype::ORPHAN, 0, u64::MAX, usize::MAX)
+                })?;
+                fs.maybe_orphans
+                    .lock()
+                    .extend(orphans.into_iter().map(|(obj, _)| obj));
             }
             if options.commit_interval_ms > 0 {
                 let handle = fs
@@ -911,7 +923,7 @@ impl Filesystem {
             if is_dir && !is_empty_dir(tx, entry.child)? {
                 return fail(libc::ENOTEMPTY);
             }
-            unlink_entry(tx, parent, slot, &entry, self.is_open(entry.child))?;
+            unlink_entry(tx, parent, slot, &entry, self.held_for_unlink(entry.child))?;
             Ok(entry.child)
         })?;
         if self.evicting.load(Ordering::Relaxed) {
@@ -988,7 +1000,9 @@ impl Filesystem {
                 if let (Some((_, replaced)), true) = (&target, tracking) {
                     gone.push(replaced.child);
                 }
-                let target_open = target.as_ref().is_some_and(|(_, t)| self.is_open(t.child));
+                let target_open = target
+                    .as_ref()
+                    .is_some_and(|(_, t)| self.held_for_unlink(t.child));
                 move_entry(tx, &moving, target, flags.noreplace, target_open)?;
             }
             Ok((gone, moved))
@@ -1530,6 +1544,19 @@ impl Filesystem {
         self.open_handles.lock().get(&ino).is_some_and(|&n| n > 0)
     }
 
+    /// `is_open`, asked by a change that may take `ino`'s last link (inside its
+    /// transaction). The object is noted as a possible orphan first, so that a release of
+    /// its last handle that comes after this look finds it noted and settles it; if no
+    /// handle holds it, the change destroys it and the note goes again.
+    pub(crate) fn held_for_unlink(&self, ino: u64) -> bool {
+        self.maybe_orphans.lock().insert(ino);
+        let open = self.is_open(ino);
+        if !open {
+            self.maybe_orphans.lock().remove(&ino);
+        }
+        open
+    }
+
     /// Registers an open handle; an unlinked object lives until its last handle closes.
     pub fn open_handle(&self, ino: u64) -> Result<Attr> {
         let attr = self.getattr(ino)?;
@@ -1556,14 +1583,22 @@ impl Filesystem {
             return Ok(());
         }
         self.released_evictable(ino);
+        // Most objects keep their links: no transaction (a FORGET per file on a mount).
+        if !self.maybe_orphans.lock().contains(&ino) {
+            return Ok(());
+        }
         self.volume.run(true, |tx| {
             if self.open_handles.lock().contains_key(&ino) {
                 return Ok(()); // Reopened meanwhile.
             }
-            match tx.get_bytes(inode_key(ino))? {
-                Some(bytes) if Inode::decode(&bytes)?.nlink == 0 => destroy(tx, ino),
-                _ => Ok(()),
+            if let Some(bytes) = tx.get_bytes(inode_key(ino))? {
+                if Inode::decode(&bytes)?.nlink == 0 {
+                    destroy(tx, ino)?;
+                }
             }
+            // Settled (under the volume's lock, as the notes of `held_for_unlink` are).
+            self.maybe_orphans.lock().remove(&ino);
+            Ok(())
         })
     }
 
