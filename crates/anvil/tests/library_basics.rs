@@ -305,3 +305,49 @@ fn orphans_kept_at_open_go_with_their_last_handle() {
     let report = anvil::check::check(fs.volume()).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// Walks under one root take its internal nodes from the state, not the cache: once they
+/// were passed, a walk asks the cache for its leaf alone. A commit's new root starts over,
+/// and what it changed is read back.
+#[test]
+fn walks_ask_the_cache_for_leaves_once_internal_nodes_were_passed() {
+    let device = fresh(256 << 20);
+    let fs = Filesystem::open(device, options()).unwrap();
+    fs.mkdir_path("/d").unwrap();
+    let dir = fs.resolve("/d").unwrap();
+    let files: Vec<u64> = (0..6000)
+        .map(|i| {
+            let name = format!("file-{i:05}");
+            fs.write_file(&format!("/d/{name}"), name.as_bytes())
+                .unwrap();
+            fs.lookup(dir, name.as_bytes()).unwrap().ino
+        })
+        .collect();
+    fs.sync().unwrap();
+    let node_lookups = |fs: &Filesystem| {
+        let stats = fs.volume().cache_stats();
+        stats.node_hits + stats.node_misses
+    };
+    // Every inode once (the memo answers nothing twice here): the first walks pass the
+    // internal nodes, every later one asks for a leaf only.
+    let before = node_lookups(&fs);
+    for &ino in &files {
+        assert_eq!(fs.getattr(ino).unwrap().size, 10);
+    }
+    let asked = node_lookups(&fs) - before;
+    let walks = files.len() as u64;
+    assert!(asked >= walks, "one leaf a walk: {asked} for {walks}");
+    assert!(
+        asked < walks + 64,
+        "internal nodes from the state: {asked} for {walks}"
+    );
+    // A commit publishes a new root: walks see its changes.
+    fs.write_file("/d/file-00007", b"changed after the commit")
+        .unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.getattr(files[7]).unwrap().size, 24);
+    assert_eq!(
+        fs.read(files[7], 0, 64).unwrap(),
+        b"changed after the commit"
+    );
+}

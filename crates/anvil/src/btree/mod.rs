@@ -120,17 +120,64 @@ impl NodeSource for Loader<'_> {
 pub struct CacheOnly<'a> {
     pub cache: &'a BlockCache,
     pub pinned: &'a HashMap<u64, Arc<Node>>,
+    /// Internal nodes of the root being walked, kept out of the cache's way.
+    pub upper: &'a std::cell::RefCell<UpperNodes>,
+}
+
+/// The internal nodes of one root that walks under it passed through. Every walk passes the
+/// root and a node or two below it, and a few dozen such nodes lead to every leaf of a large
+/// tree; asking the shared cache for each (a hash, a shard's lock, the entry's use bit, a
+/// counter) was a twelfth of a proxy request's time. Holding their `Arc`s here costs no
+/// memory (the cache holds the same nodes) and keeps no block from reuse: the set is
+/// emptied when the root changes, and only its owner's lock reaches it.
+#[derive(Default)]
+pub struct UpperNodes {
+    /// The root these belong to, by address and TID (a root's nodes never change).
+    root: (u64, u64),
+    nodes: foldhash::HashMap<u64, Arc<Node>>,
+}
+
+impl UpperNodes {
+    /// At most this many nodes (a tree of ten million elements has about as many).
+    const NODES_MAX: usize = 64;
+
+    /// Starts over unless the set is `root`'s.
+    pub fn follow(&mut self, root: Root, tid: u64) {
+        if self.root != (root.address, tid) {
+            self.root = (root.address, tid);
+            self.nodes.clear();
+        }
+    }
+
+    /// Forgets every node (the caches were dropped).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+    }
 }
 
 impl NodeSource for CacheOnly<'_> {
     fn node(&self, address: u64, level: u8) -> Step<Arc<Node>> {
+        if level > 0 {
+            if let Some(node) = self.upper.borrow().nodes.get(&address) {
+                // Kept at this level by the walk that put it here.
+                return Ok(node.clone());
+            }
+        }
         let node = self
             .pinned
             .get(&address)
             .cloned()
             .or_else(|| self.cache.node(address));
         match node {
-            Some(node) if node.level() == level => Ok(node),
+            Some(node) if node.level() == level => {
+                if level > 0 {
+                    let mut upper = self.upper.borrow_mut();
+                    if upper.nodes.len() < UpperNodes::NODES_MAX {
+                        upper.nodes.insert(address, node.clone());
+                    }
+                }
+                Ok(node)
+            }
             Some(_) => Err(Stop::Fail(Error::corrupt(
                 "node level differs from parent's",
                 address_of(address),

@@ -179,6 +179,8 @@ pub(crate) struct State {
     pub superblock: Superblock,
     /// What `Tx::tree_live` found under `root` (see `LiveMemo`).
     pub live_memo: std::cell::RefCell<LiveMemo>,
+    /// Internal nodes of `root` its walks passed through (see `UpperNodes`).
+    pub upper_nodes: std::cell::RefCell<btree::UpperNodes>,
 }
 
 /// The committed tree's live versions looked up under one root, kept until the root changes:
@@ -771,6 +773,7 @@ impl Volume {
                 next_obj: sb.next_obj,
                 superblock: sb,
                 live_memo: Default::default(),
+                upper_nodes: Default::default(),
             }),
             commit_lock: Mutex::new(()),
             log: Mutex::new(ring),
@@ -3321,7 +3324,10 @@ impl Volume {
     pub fn drop_caches(&self) {
         self.cache.clear();
         // What walks of the tree found goes too: the next read walks from the root.
-        *self.state.lock().live_memo.get_mut() = LiveMemo::default();
+        let mut st = self.state.lock();
+        *st.live_memo.get_mut() = LiveMemo::default();
+        st.upper_nodes.get_mut().clear();
+        drop(st);
         // And the bytes the last commit wrote, kept for the next one's moves.
         self.recent.lock().clear();
     }

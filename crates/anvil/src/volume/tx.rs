@@ -32,6 +32,8 @@ impl<'a> Tx<'a> {
         pinned_nodes: &'a HashMap<u64, Arc<Node>>,
         pinned_extents: &'a HashMap<ExtentRef, Arc<Vec<u8>>>,
     ) -> Tx<'a> {
+        let root = &state.root;
+        state.upper_nodes.get_mut().follow(root.root, root.tid);
         Tx {
             volume,
             state,
@@ -71,6 +73,7 @@ impl<'a> Tx<'a> {
         CacheOnly {
             cache: &self.volume.cache,
             pinned: self.pinned_nodes,
+            upper: &self.state.upper_nodes,
         }
     }
 
