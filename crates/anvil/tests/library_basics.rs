@@ -12,6 +12,18 @@ fn options() -> MountOptions {
     }
 }
 
+/// Nodes asked of the cache so far, found or not.
+fn node_lookups(fs: &Filesystem) -> u64 {
+    let stats = fs.volume().cache_stats();
+    stats.node_hits + stats.node_misses
+}
+
+/// `anvil check` finds nothing wrong.
+fn assert_clean(fs: &Filesystem) {
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
 fn fresh(bytes: u64) -> Arc<MemDevice> {
     let device = Arc::new(MemDevice::new(0));
     Filesystem::mkfs(device.clone(), bytes, "test").unwrap();
@@ -52,8 +64,7 @@ fn files_survive_reopen_and_history_reads_back() {
         .collect();
     assert_eq!(names.len(), 2);
     assert!(fs.at(tid2 + 100).is_err());
-    let report = anvil::check::check(fs.volume()).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&fs);
 }
 
 #[test]
@@ -80,8 +91,7 @@ fn large_directory_lists_every_entry_once() {
     fs.sync().unwrap();
     assert_eq!(fs.list_dir("/d").unwrap().len(), 5000);
     assert_eq!(fs.read_file("/d/file-4321").unwrap(), b"4321");
-    let report = anvil::check::check(fs.volume()).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&fs);
 }
 
 #[test]
@@ -165,12 +175,10 @@ fn symlink_targets_up_to_path_max() {
             target(*len, 1)
         );
     }
-    let report = anvil::check::check(fs.volume()).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&fs);
     // Prune drops the old targets, extents included, and the volume stays clean.
     fs.prune(None, true).unwrap();
-    let report = anvil::check::check(fs.volume()).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&fs);
 }
 
 /// A read-only mount refuses changes with `ReadOnly`, not with the error of a volume that a
@@ -201,10 +209,6 @@ fn repeated_reads_of_a_record_walk_the_tree_once_per_root() {
     fs.write_file("/f", b"one").unwrap();
     fs.sync().unwrap();
     let ino = fs.lookup(1, b"f").unwrap().ino;
-    let node_lookups = |fs: &Filesystem| {
-        let stats = fs.volume().cache_stats();
-        stats.node_hits + stats.node_misses
-    };
     fs.getattr(ino).unwrap();
     let before = node_lookups(&fs);
     for _ in 0..10 {
@@ -259,10 +263,6 @@ fn unlinked_open_files_live_until_released_and_linked_ones_release_for_free() {
     assert_eq!(fs.read(c, 0, 10).unwrap(), b"c");
 
     fs.volume().drop_caches();
-    let node_lookups = |fs: &Filesystem| {
-        let stats = fs.volume().cache_stats();
-        stats.node_hits + stats.node_misses
-    };
     let before = node_lookups(&fs);
     fs.release_handle(kept).unwrap();
     assert_eq!(
@@ -272,8 +272,7 @@ fn unlinked_open_files_live_until_released_and_linked_ones_release_for_free() {
     );
     assert_eq!(fs.read(kept, 0, 10).unwrap(), b"kept");
     fs.sync().unwrap();
-    let report = anvil::check::check(fs.volume()).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&fs);
 }
 
 /// Orphans a volume went down with stay while it is opened without reaping them (a daemon
@@ -302,8 +301,7 @@ fn orphans_kept_at_open_go_with_their_last_handle() {
     fs.close().unwrap();
     drop(fs);
     let fs = Filesystem::open(device, options()).unwrap();
-    let report = anvil::check::check(fs.volume()).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&fs);
 }
 
 /// Walks under one root take its internal nodes from the state, not the cache: once they
@@ -324,10 +322,6 @@ fn walks_ask_the_cache_for_leaves_once_internal_nodes_were_passed() {
         })
         .collect();
     fs.sync().unwrap();
-    let node_lookups = |fs: &Filesystem| {
-        let stats = fs.volume().cache_stats();
-        stats.node_hits + stats.node_misses
-    };
     // Every inode once (the memo answers nothing twice here): the first walks pass the
     // internal nodes, every later one asks for a leaf only.
     let before = node_lookups(&fs);
