@@ -127,7 +127,7 @@ pub struct CacheOnly<'a> {
 /// The internal nodes of one root that walks under it passed through. Every walk passes the
 /// root and a node or two below it, and a few dozen such nodes lead to every leaf of a large
 /// tree; asking the shared cache for each (a hash, a shard's lock, the entry's use bit, a
-/// counter) was a twelfth of a proxy request's time. Holding their `Arc`s here costs no
+/// counter) was a twentieth of a proxy request's time. Holding their `Arc`s here costs no
 /// memory (the cache holds the same nodes) and keeps no block from reuse: the set is
 /// emptied when the root changes, and only its owner's lock reaches it.
 #[derive(Default)]
