@@ -1549,10 +1549,11 @@ impl Filesystem {
     /// its last handle that comes after this look finds it noted and settles it; if no
     /// handle holds it, the change destroys it and the note goes again.
     pub(crate) fn held_for_unlink(&self, ino: u64) -> bool {
-        self.maybe_orphans.lock().insert(ino);
+        let mut noted = self.maybe_orphans.lock();
+        noted.insert(ino);
         let open = self.is_open(ino);
         if !open {
-            self.maybe_orphans.lock().remove(&ino);
+            noted.remove(&ino);
         }
         open
     }
