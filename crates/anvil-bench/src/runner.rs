@@ -198,7 +198,17 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary> {
                 continue;
             }
             let t0 = Instant::now();
-            let tr = run_target(w.as_ref(), spec, cfg, &overall, &step, &log);
+            let kills = group.as_ref().map_or(0, MemCgroup::oom_kills);
+            let mut tr = run_target(w.as_ref(), spec, cfg, &overall, &step, &log);
+            let killed = group
+                .as_ref()
+                .map_or(0, MemCgroup::oom_kills)
+                .saturating_sub(kills);
+            // A daemon the OOM killer took shows first as the errors of what followed.
+            if let (Some(e), 1..) = (&mut tr.error, killed) {
+                *e =
+                    format!("the memory limit's OOM killer killed {killed} process(es); then: {e}");
+            }
             match &tr.error {
                 Some(e) => {
                     log.line(format!("{} on {}: FAILED: {e}", w.name(), spec.label));

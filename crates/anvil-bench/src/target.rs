@@ -539,7 +539,8 @@ impl Target {
             need("zfs-fuse", "zfs-fuse")?;
             // A stale pid file (from a killed run) makes zfs-fuse refuse to start.
             let _ = fs::remove_file(ZFS_PIDFILE);
-            run_cmd(Command::new("zfs-fuse").args(["--pidfile", ZFS_PIDFILE]))?;
+            // No /zfs-kstat mount: nothing reads it, and a daemon that is killed leaves it.
+            run_cmd(Command::new("zfs-fuse").args(["--pidfile", ZFS_PIDFILE, "--no-kstat-mount"]))?;
             self.started_zfs_daemon = true;
             let t0 = Instant::now();
             while Command::new("zpool")
@@ -554,6 +555,12 @@ impl Target {
                     return fail("zfs-fuse did not start within 20 s");
                 }
                 std::thread::sleep(Duration::from_millis(200));
+            }
+            if let Some(pid) = fs::read_to_string(ZFS_PIDFILE)
+                .ok()
+                .and_then(|pid| pid.trim().parse().ok())
+            {
+                crate::cgroup::prefer_as_oom_victim(pid);
             }
         }
         // Pools of earlier runs whose process is gone (interrupted) hold loop devices.
@@ -679,6 +686,7 @@ impl Target {
             .stderr(Stdio::piped())
             .spawn()
             .ctx(|| format!("run {} mount", bin.display()))?;
+        crate::cgroup::prefer_as_oom_victim(child.id());
         self.daemon = Some(child);
         let t0 = Instant::now();
         while !is_mountpoint(&mnt) {
