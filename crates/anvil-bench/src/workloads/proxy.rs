@@ -1018,6 +1018,8 @@ struct Replay {
     hit_series: Vec<(f64, f64)>,
     throughput_series: Vec<(f64, f64)>,
     first_error: Option<String>,
+    /// The error that showed the file system gone (see `is_gone`): the replay stops there.
+    gone: Option<String>,
 }
 
 impl Replay {
@@ -1027,6 +1029,26 @@ impl Replay {
             self.first_error = Some(what);
         }
     }
+
+    /// `error`, for a failed call: one that says the file system is gone also ends the
+    /// replay, which would otherwise fail every request left, quickly, and be timed.
+    fn failed(&mut self, what: &str, e: &std::io::Error) {
+        let what = format!("{what}: {e}");
+        if is_gone(e) && self.gone.is_none() {
+            self.gone = Some(what.clone());
+        }
+        self.error(what);
+    }
+}
+
+/// Whether an error says that no later request can succeed: the FUSE daemon died
+/// (ENOTCONN, ECONNABORTED) or the volume stopped taking changes (EROFS: anvil stops
+/// writing when it finds damage).
+fn is_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN | libc::ECONNABORTED | libc::EROFS)
+    )
 }
 
 /// Incompressible file contents: each file is a window of this buffer
@@ -1169,7 +1191,7 @@ fn replay(
                     lookup = Lookup::Miss { stale: None };
                 }
                 Err(e) => {
-                    r.error(format!("read {path}: {e}"));
+                    r.failed(&format!("read {path}"), &e);
                     store.forget(req.object);
                 }
             }
@@ -1209,7 +1231,7 @@ fn replay(
                                 store.remember(req.object, req.size);
                             }
                             Err(e) => {
-                                r.error(format!("write {path}: {e}"));
+                                r.failed(&format!("write {path}"), &e);
                                 store.forget(req.object);
                                 let _ = vfs.unlink(&path);
                             }
@@ -1217,6 +1239,9 @@ fn replay(
                     }
                 }
             }
+        }
+        if r.gone.is_some() {
+            break;
         }
         since_step += 1;
         if since_step == step || r.requests == n {
@@ -1257,7 +1282,7 @@ fn unlink(vfs: &dyn Vfs, r: &mut Replay, filn: u32, p: &Params) {
     let t0 = Instant::now();
     match vfs.unlink(&path) {
         Ok(()) => r.unlinks.add(t0),
-        Err(e) => r.error(format!("unlink {path}: {e}")),
+        Err(e) => r.failed(&format!("unlink {path}"), &e),
     }
 }
 
@@ -1312,6 +1337,13 @@ fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
         Ok(replay(env, p, &trace, &mut store, &content, fs_evicts))
     })?;
     drop(std::hint::black_box(squid_memory));
+    if let Some(gone) = &r.gone {
+        return fail(format!(
+            "the file system stopped answering at request {} of {} ({gone})",
+            r.requests,
+            trace.requests.len()
+        ));
+    }
     let ((), sync) = env.phase("sync", || env.probe.sync())?;
 
     let io: IoCounters = replay_phase.io.add(&sync.io);
@@ -1584,11 +1616,38 @@ mod tests {
         bytes: u64,
         overrides: &[(String, String)],
     ) -> (RunOutput, std::sync::Arc<anvil::Filesystem>, u64) {
-        use std::sync::Arc;
+        let (fs, root) = in_memory_volume(bytes);
+        let vfs = crate::vfs::AnvilVfs::new(fs.clone(), root);
+        let out = run_on(&vfs, &fs, overrides).unwrap();
+        (out, fs, root)
+    }
 
+    /// A fresh in-memory anvil volume of `bytes` and the inode of a directory in it.
+    fn in_memory_volume(bytes: u64) -> (std::sync::Arc<anvil::Filesystem>, u64) {
         use anvil::device::MemDevice;
         use anvil::fs::Caller;
         use anvil::{Filesystem, MountOptions};
+        use std::sync::Arc;
+
+        let dev: Arc<dyn anvil::device::Device> = Arc::new(MemDevice::new(bytes));
+        Filesystem::mkfs(dev.clone(), bytes, "bench").unwrap();
+        let options = MountOptions {
+            commit_interval_ms: 0,
+            ..Default::default()
+        };
+        let fs = Arc::new(Filesystem::open(dev, options).unwrap());
+        let root = fs.mkdir(Caller::ROOT, 1, b"bench", 0o755).unwrap().ino;
+        (fs, root)
+    }
+
+    /// Runs the workload with `overrides` through `vfs`, over `fs`, in process.
+    fn run_on(
+        vfs: &dyn crate::vfs::Vfs,
+        fs: &std::sync::Arc<anvil::Filesystem>,
+        overrides: &[(String, String)],
+    ) -> Result<RunOutput> {
+        use anvil::Filesystem;
+        use std::sync::Arc;
 
         struct LibProbe(Arc<Filesystem>);
         impl crate::env::Probe for LibProbe {
@@ -1615,20 +1674,11 @@ mod tests {
             }
         }
 
-        let dev: Arc<dyn anvil::device::Device> = Arc::new(MemDevice::new(bytes));
-        Filesystem::mkfs(dev.clone(), bytes, "bench").unwrap();
-        let options = MountOptions {
-            commit_interval_ms: 0,
-            ..Default::default()
-        };
-        let fs = Arc::new(Filesystem::open(dev, options).unwrap());
-        let root = fs.mkdir(Caller::ROOT, 1, b"bench", 0o755).unwrap().ino;
-        let vfs = crate::vfs::AnvilVfs::new(fs.clone(), root);
         let probe = LibProbe(fs.clone());
         let bar = indicatif::ProgressBar::hidden();
         let env = RunEnv {
             dir: None,
-            vfs: &vfs,
+            vfs,
             probe: &probe,
             fs_label: "anvil-lib".into(),
             fs_type: "anvil".into(),
@@ -1637,8 +1687,7 @@ mod tests {
             mem_limit: None,
             progress: &bar,
         };
-        let out = workload(Tier::Tiny, overrides).unwrap().run(&env).unwrap();
-        (out, fs, root)
+        workload(Tier::Tiny, overrides)?.run(&env)
     }
 
     #[test]
@@ -1658,6 +1707,110 @@ mod tests {
         }
         assert_eq!(files, counts["cached_files"].as_u64().unwrap());
         assert!(counts["cached_bytes"].as_u64().unwrap() <= p.cache_bytes);
+    }
+
+    /// A file system that dies under the replay (a FUSE daemon killed: every call fails
+    /// with ENOTCONN from then on) ends the run at that request with the reason, instead
+    /// of timing hundreds of thousands of quick failures.
+    #[test]
+    fn a_file_system_that_dies_ends_the_replay() {
+        use crate::vfs::{AnvilVfs, VFile, Vfs};
+        use std::io;
+        use std::sync::atomic::{AtomicU64, Ordering};
+
+        /// Dies at its `lives`-th create.
+        struct Dying {
+            inner: AnvilVfs,
+            lives: AtomicU64,
+            calls_after: AtomicU64,
+        }
+        impl Dying {
+            fn alive(&self) -> io::Result<()> {
+                if self.lives.load(Ordering::Relaxed) > 0 {
+                    return Ok(());
+                }
+                self.calls_after.fetch_add(1, Ordering::Relaxed);
+                Err(io::Error::from_raw_os_error(libc::ENOTCONN))
+            }
+            fn create_one(&self) -> io::Result<()> {
+                self.alive()?;
+                if self.lives.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    return Err(io::Error::from_raw_os_error(libc::ENOTCONN));
+                }
+                Ok(())
+            }
+        }
+        impl Vfs for Dying {
+            fn kind(&self) -> &'static str {
+                self.inner.kind()
+            }
+            fn mkdir(&self, path: &str, mode: u32) -> io::Result<()> {
+                self.alive()?;
+                self.inner.mkdir(path, mode)
+            }
+            fn create(&self, path: &str, mode: u32) -> io::Result<Box<dyn VFile + '_>> {
+                self.create_one()?;
+                self.inner.create(path, mode)
+            }
+            fn create_near(
+                &self,
+                path: &str,
+                mode: u32,
+                near: &str,
+            ) -> io::Result<Box<dyn VFile + '_>> {
+                self.create_one()?;
+                self.inner.create_near(path, mode, near)
+            }
+            fn collocate(&self, path: &str, near: &str) -> io::Result<()> {
+                self.alive()?;
+                self.inner.collocate(path, near)
+            }
+            fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
+                self.alive()?;
+                self.inner.set_anvil_nohistory(path)
+            }
+            fn set_anvil_evictable(&self, path: &str) -> io::Result<()> {
+                self.alive()?;
+                self.inner.set_anvil_evictable(path)
+            }
+            fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
+                self.alive()?;
+                self.inner.open_read(path)
+            }
+            fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+                self.alive()?;
+                self.inner.rename(from, to)
+            }
+            fn unlink(&self, path: &str) -> io::Result<()> {
+                self.alive()?;
+                self.inner.unlink(path)
+            }
+            fn rmdir(&self, path: &str) -> io::Result<()> {
+                self.alive()?;
+                self.inner.rmdir(path)
+            }
+            fn stat_size(&self, path: &str) -> io::Result<u64> {
+                self.alive()?;
+                self.inner.stat_size(path)
+            }
+            fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {
+                self.alive()?;
+                self.inner.read_dir(path)
+            }
+        }
+
+        let (fs, root) = in_memory_volume(64 * MIB);
+        let vfs = Dying {
+            inner: AnvilVfs::new(fs.clone(), root),
+            lives: AtomicU64::new(500),
+            calls_after: AtomicU64::new(0),
+        };
+        let err = run_on(&vfs, &fs, &[]).unwrap_err().to_string();
+        assert!(err.contains("stopped answering at request"), "{err}");
+        assert!(err.contains("not connected"), "{err}");
+        // The request that met the dead file system, and the unlink of its half-made file.
+        let after = vfs.calls_after.load(Ordering::Relaxed);
+        assert!(after <= 1, "{after} calls after the file system died");
     }
 
     /// `fs_evicts`: a trace whose unique bytes are several times the volume runs without
