@@ -583,7 +583,24 @@ fn mkfs(
     if device.is_block_device() && bytes > device.len().map_err(|e| e.to_string())? {
         return Err(format!("{} is smaller than {bytes} bytes", image.display()));
     }
-    format_volume(image, Arc::new(device), bytes, label, codec)
+    // No daemon serves the image (its lock is not held).
+    let unmounted = mount::try_lock_shared(device.file());
+    let code = format_volume(image, Arc::new(device), bytes, label, codec)?;
+    // The crash log a killed daemon left for the volume this one replaces is of no use to
+    // any mount (a mount skips another volume's batches), but it keeps its memory: tmpfs,
+    // up to 64 MiB an image, until the next mount of the same image overwrites it.
+    if let Some(log) = anvil::crash_log_file(image, None).filter(|_| unmounted) {
+        match std::fs::remove_file(&log) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                eprintln!(
+                    "anvil: cannot remove the old crash log {}: {e}",
+                    log.display()
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(code)
 }
 
 /// Writes an empty volume on `device` (and the root's codec when one was asked for).

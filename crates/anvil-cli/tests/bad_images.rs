@@ -89,6 +89,23 @@ fn foreign_truncated_zeroed_and_newer_images_are_refused() {
     assert_refused(&newer, "newer version", "newer than this anvil supports");
 }
 
+/// A crash log left by a killed daemon belongs to the volume it logged: `mkfs --force`
+/// over that volume removes it (tmpfs memory, otherwise held until the image is mounted
+/// again).
+#[test]
+fn mkfs_drops_the_crash_log_of_the_volume_it_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("vol.img");
+    let path = image.to_str().unwrap();
+    assert_eq!(anvil(&["mkfs", path, "--size", "64M"]).0, 0);
+    let log = anvil::crash_log_file(&image, None).unwrap();
+    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+    std::fs::write(&log, vec![7u8; 64 << 10]).unwrap();
+    let (code, stderr) = anvil(&["mkfs", path, "--size", "64M", "--force"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!log.exists(), "{} is still there", log.display());
+}
+
 #[test]
 fn mkfs_refuses_existing_filesystems_without_force() {
     let dir = tempfile::tempdir().unwrap();
