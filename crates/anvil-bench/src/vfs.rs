@@ -314,7 +314,18 @@ pub struct AnvilVfs {
     /// is to a mounted file system, and what a program embedding the library keeps (the
     /// inode numbers of the directories it works in). Emptied by every rmdir and rename.
     dirs: Mutex<HashMap<String, u64>>,
+    /// Files named as locality hints (`create_near`'s `near`), by path: a proxy names its
+    /// clients' current pages over and over, one hint per embedded image, and a program
+    /// embedding the library keeps the inode numbers of the files it names (Hummingbird's
+    /// proxy named them through its own in-memory table). Forgotten by an unlink of the
+    /// path, emptied by every rmdir and rename and past `NAMED_MAX` entries. A stale entry
+    /// (a file the volume evicted) names a file that is gone, and the volume drops a hint
+    /// about a file that is gone.
+    named: Mutex<HashMap<String, u64>>,
 }
+
+/// Hint targets `AnvilVfs` keeps at most (a proxy's 200 clients name about 200 pages).
+const NAMED_MAX: usize = 4096;
 
 fn anvil_err(err: anvil::Error) -> io::Error {
     io::Error::from_raw_os_error(err.errno())
@@ -327,6 +338,7 @@ impl AnvilVfs {
             fs,
             root,
             dirs: Mutex::default(),
+            named: Mutex::default(),
         }
     }
 
@@ -351,29 +363,59 @@ impl AnvilVfs {
         self.dirs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Splits a path into (parent inode, last name).
-    /// Creates `path` (or truncates it if it is a file) and returns its inode.
+    fn named(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.named.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode of `path`, a file named as a hint: from `named`, or looked up and kept.
+    fn named_ino(&self, path: &str) -> io::Result<u64> {
+        if let Some(&ino) = self.named().get(path) {
+            return Ok(ino);
+        }
+        let ino = self.ino_of(path)?;
+        let mut named = self.named();
+        if named.len() >= NAMED_MAX {
+            named.clear();
+        }
+        named.insert(path.to_string(), ino);
+        Ok(ino)
+    }
+
+    /// Forgets every path below the root (a rename or rmdir moved or removed some).
+    fn forget_paths(&self) {
+        self.dirs().clear();
+        self.named().clear();
+    }
+
+    /// Creates `path` (or truncates it if it is a file) and returns its inode. The create
+    /// comes first, as open(O_CREAT) makes a new name in one step: a lookup before it
+    /// would walk the directory once more for every new file.
     fn create_ino(&self, path: &str, mode: u32) -> io::Result<u64> {
         let (parent, name) = self.parent_of(path)?;
-        match self.fs.lookup(parent, name.as_bytes()) {
+        match self
+            .fs
+            .mknod(Caller::ROOT, parent, name.as_bytes(), mode & 0o7777, 0)
+        {
             Ok(attr) => {
-                if attr.kind == FileKind::Dir {
-                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                // A name the volume dropped (an evicting cache directory) made again.
+                if let Some(named) = self.named().get_mut(path) {
+                    *named = attr.ino;
                 }
-                let truncate = SetAttr {
-                    size: Some(0),
-                    ..Default::default()
-                };
-                self.fs.setattr(attr.ino, &truncate).map_err(anvil_err)?;
-                Ok(attr.ino)
+                return Ok(attr.ino);
             }
-            Err(err) if err.errno() == libc::ENOENT => Ok(self
-                .fs
-                .mknod(Caller::ROOT, parent, name.as_bytes(), mode & 0o7777, 0)
-                .map_err(anvil_err)?
-                .ino),
-            Err(err) => Err(anvil_err(err)),
+            Err(err) if err.errno() == libc::EEXIST => {}
+            Err(err) => return Err(anvil_err(err)),
         }
+        let attr = self.fs.lookup(parent, name.as_bytes()).map_err(anvil_err)?;
+        if attr.kind == FileKind::Dir {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        let truncate = SetAttr {
+            size: Some(0),
+            ..Default::default()
+        };
+        self.fs.setattr(attr.ino, &truncate).map_err(anvil_err)?;
+        Ok(attr.ino)
     }
 
     fn parent_of<'p>(&self, path: &'p str) -> io::Result<(u64, &'p str)> {
@@ -459,7 +501,7 @@ impl Vfs for AnvilVfs {
     fn create_near(&self, path: &str, mode: u32, near: &str) -> io::Result<Box<dyn VFile + '_>> {
         let ino = self.create_ino(path, mode)?;
         // A hint about a file that is gone (evicted) is no hint.
-        if let Ok(near) = self.ino_of(near) {
+        if let Ok(near) = self.named_ino(near) {
             self.fs.set_locality(ino, near);
         }
         self.handle(ino)
@@ -471,7 +513,8 @@ impl Vfs for AnvilVfs {
     }
 
     fn collocate(&self, path: &str, near: &str) -> io::Result<()> {
-        self.fs.set_locality(self.ino_of(path)?, self.ino_of(near)?);
+        self.fs
+            .set_locality(self.ino_of(path)?, self.named_ino(near)?);
         Ok(())
     }
 
@@ -498,19 +541,20 @@ impl Vfs for AnvilVfs {
             )
             .map_err(anvil_err)?;
         // A directory moved, or one replaced: paths below it name other inodes now.
-        self.dirs().clear();
+        self.forget_paths();
         Ok(())
     }
 
     fn unlink(&self, path: &str) -> io::Result<()> {
         let (parent, name) = self.parent_of(path)?;
+        self.named().remove(path);
         self.fs.unlink(parent, name.as_bytes()).map_err(anvil_err)
     }
 
     fn rmdir(&self, path: &str) -> io::Result<()> {
         let (parent, name) = self.parent_of(path)?;
         self.fs.rmdir(parent, name.as_bytes()).map_err(anvil_err)?;
-        self.dirs().clear();
+        self.forget_paths();
         Ok(())
     }
 
@@ -547,8 +591,7 @@ mod tests {
     use anvil::device::{Device, MemDevice};
     use anvil::MountOptions;
 
-    #[test]
-    fn resolved_directories_follow_rmdir_and_rename() {
+    fn vfs() -> AnvilVfs {
         let bytes = 64 << 20;
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(bytes));
         Filesystem::mkfs(dev.clone(), bytes, "vfs").unwrap();
@@ -557,7 +600,12 @@ mod tests {
             ..Default::default()
         };
         let fs = Arc::new(Filesystem::open(dev, options).unwrap());
-        let vfs = AnvilVfs::new(fs, 1);
+        AnvilVfs::new(fs, 1)
+    }
+
+    #[test]
+    fn resolved_directories_follow_rmdir_and_rename() {
+        let vfs = vfs();
         vfs.mkdir("a", 0o755).unwrap();
         vfs.mkdir("a/b", 0o755).unwrap();
         vfs.create("a/b/f", 0o644).unwrap().write(b"one").unwrap();
@@ -574,5 +622,52 @@ mod tests {
         assert_eq!(vfs.stat_size("c/b/g").unwrap(), 4);
         vfs.mkdir("a", 0o755).unwrap();
         assert_eq!(vfs.read_dir("a").unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn create_truncates_an_existing_file_and_refuses_a_directory() {
+        let vfs = vfs();
+        vfs.create("f", 0o644).unwrap().write(b"three").unwrap();
+        let ino = vfs.ino_of("f").unwrap();
+        vfs.create("f", 0o644).unwrap().write(b"x").unwrap();
+        assert_eq!(vfs.ino_of("f").unwrap(), ino, "the same file, truncated");
+        assert_eq!(vfs.stat_size("f").unwrap(), 1);
+        vfs.mkdir("d", 0o755).unwrap();
+        let err = vfs.create("d", 0o644).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::EISDIR));
+    }
+
+    #[test]
+    fn named_files_follow_unlink_create_and_rename() {
+        let vfs = vfs();
+        let named = |path: &str| vfs.named().get(path).copied();
+        vfs.create("page", 0o644).unwrap();
+        vfs.create_near("img", 0o644, "page").unwrap();
+        let first = vfs.ino_of("page").unwrap();
+        assert_eq!(named("page"), Some(first));
+        // The page removed and written again is another inode, named as such.
+        vfs.unlink("page").unwrap();
+        assert_eq!(named("page"), None);
+        vfs.create("page", 0o644).unwrap();
+        vfs.create_near("img2", 0o644, "page").unwrap();
+        let second = vfs.ino_of("page").unwrap();
+        assert_ne!(second, first);
+        assert_eq!(named("page"), Some(second));
+        // A name the volume dropped by itself (an evicting cache directory) and the proxy
+        // made again: the create updates what was named.
+        let fs = vfs.filesystem().clone();
+        fs.unlink(1, b"page").unwrap();
+        vfs.create("page", 0o644).unwrap();
+        let third = vfs.ino_of("page").unwrap();
+        assert_eq!(named("page"), Some(third));
+        // A rename may replace a named file: nothing named survives it.
+        vfs.create("other", 0o644).unwrap();
+        vfs.rename("other", "page").unwrap();
+        assert_eq!(named("page"), None);
+        vfs.create_near("img3", 0o644, "page").unwrap();
+        assert_eq!(named("page"), Some(vfs.ino_of("page").unwrap()));
+        // A hint naming a file that is gone is no hint, and no error.
+        vfs.create_near("img4", 0o644, "gone").unwrap();
+        assert_eq!(named("gone"), None);
     }
 }
