@@ -1,5 +1,6 @@
 //! Times before 1970 survive the mount on both transports (xfstests generic/258: on the
-//! io_uring transport they read back as 0).
+//! io_uring transport they read back as 0), and under the writeback cache the times the
+//! kernel showed are the ones the volume keeps.
 
 mod common;
 
@@ -44,4 +45,44 @@ fn times_before_1970_read_back_on_both_transports() {
         check(&m.path().join("old"), "after a remount");
         m.unmount();
     }
+}
+
+/// Under the kernel's writeback cache the kernel stamps a file's times when a program
+/// writes, shows its own, and sends them with SETATTR when the file is closed; the WRITEs
+/// may reach the daemon after that SETATTR. The volume must hold the times the kernel
+/// showed: a remount (or a mirror of the volume) shows the same ones.
+#[test]
+fn the_kernels_times_stand_under_the_writeback_cache() {
+    if !common::fuse_or_skip("the_kernels_times_stand_under_the_writeback_cache") {
+        return;
+    }
+    let mut m = common::Mount::with_options("128M", Some("transport=devfuse,writeback"));
+    let times = |root: &std::path::Path| -> Vec<(i64, i64, i64, i64, u64)> {
+        (0..20)
+            .map(|i| {
+                let md = std::fs::metadata(root.join(format!("f{i}"))).unwrap();
+                (
+                    md.mtime(),
+                    md.mtime_nsec(),
+                    md.ctime(),
+                    md.ctime_nsec(),
+                    md.len(),
+                )
+            })
+            .collect()
+    };
+    let write_all = |round: u8| {
+        for i in 0..20usize {
+            let bytes = vec![i as u8 ^ round; i * 3000 + 7];
+            std::fs::write(m.path().join(format!("f{i}")), bytes).unwrap();
+        }
+    };
+    write_all(0);
+    // Rewritten in place after a large write: the kernel's flusher is busy meanwhile.
+    std::fs::write(m.path().join("big"), vec![1u8; 24 << 20]).unwrap();
+    write_all(1);
+    let shown = times(m.path());
+    m.remount();
+    assert_eq!(times(m.path()), shown);
+    m.unmount();
 }

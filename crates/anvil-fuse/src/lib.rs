@@ -781,7 +781,13 @@ impl Backend for AnvilFuse {
         if is_view(ino) {
             return Err(libc::EROFS);
         }
-        let written = self.fs.write(ino, offset, data).map_err(|e| errno(&e))?;
+        // Under the writeback cache the kernel owns a file's times: it sends them with
+        // SETATTR, and its WRITEs may come after that SETATTR.
+        let written = match self.writeback {
+            true => self.fs.write_leaving_times(ino, offset, data),
+            false => self.fs.write(ino, offset, data),
+        }
+        .map_err(|e| errno(&e))?;
         if kill_suidgid {
             let attr = self.fs.getattr(ino).map_err(|e| errno(&e))?;
             if attr.mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
@@ -1067,7 +1073,48 @@ fn warn_full() {
 
 #[cfg(test)]
 mod tests {
-    use super::unescape_mountinfo;
+    use super::{unescape_mountinfo, AnvilFuse, Backend};
+    use anvil::device::{Device, MemDevice};
+    use anvil::fs::{Caller, SetAttr, Time as Timestamp, TimeSet};
+    use anvil::{Filesystem, MountOptions};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A WRITE stamps the file's times, except under the writeback cache, where the kernel
+    /// sends its own (a SETATTR that may come before the WRITEs it covers).
+    #[test]
+    fn writes_leave_the_times_to_a_writeback_kernel() {
+        for writeback in [false, true] {
+            let bytes = 64 << 20;
+            let dev: Arc<dyn Device> = Arc::new(MemDevice::new(bytes));
+            Filesystem::mkfs(dev.clone(), bytes, "wb").unwrap();
+            let options = MountOptions {
+                commit_interval_ms: 0,
+                ..Default::default()
+            };
+            let fs = Arc::new(Filesystem::open(dev, options).unwrap());
+            let ino = fs.mknod(Caller::ROOT, 1, b"f", 0o644, 0).unwrap().ino;
+            let set = Timestamp {
+                sec: 1_000_000_000,
+                nsec: 0,
+            };
+            let times = SetAttr {
+                mtime: Some(TimeSet::At(set)),
+                ctime: Some(set),
+                ..Default::default()
+            };
+            fs.setattr(ino, &times).unwrap();
+            let adapter = AnvilFuse::new(fs.clone(), Duration::from_secs(1), writeback);
+            assert_eq!(adapter.write(ino, 0, b"data", false).unwrap(), 4);
+            let attr = fs.getattr(ino).unwrap();
+            assert_eq!(attr.size, 4);
+            assert_eq!(
+                (attr.mtime == set, attr.ctime == set),
+                (writeback, writeback),
+                "writeback {writeback}"
+            );
+        }
+    }
 
     #[test]
     fn mountinfo_escapes_are_undone() {

@@ -1240,8 +1240,21 @@ impl Filesystem {
         Ok(out)
     }
 
-    /// Writes `data` at `offset`, extending the file as needed. Returns bytes written.
+    /// Writes `data` at `offset`, extending the file as needed, and stamps the file's
+    /// modification and change times. Returns bytes written.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_timed(ino, offset, data, true)
+    }
+
+    /// `write`, leaving the file's times as they are: for a writer that keeps them itself
+    /// and sets them with `setattr`, as the kernel does under FUSE's writeback cache (it
+    /// stamps a write when the program makes it and sends the time on its own, and its
+    /// WRITEs come later, in any order with that SETATTR).
+    pub fn write_leaving_times(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_timed(ino, offset, data, false)
+    }
+
+    fn write_timed(&self, ino: u64, offset: u64, data: &[u8], stamp: bool) -> Result<usize> {
         if data.is_empty() {
             return Ok(0);
         }
@@ -1401,10 +1414,12 @@ impl Filesystem {
                     None => tx.put_with(lk, Some(chunk), policy.nohistory, policy.codec)?,
                 }
             }
-            let now = Timestamp::now();
             inode.size = inode.size.max(end);
-            inode.mtime = now;
-            inode.ctime = now;
+            if stamp {
+                let now = Timestamp::now();
+                inode.mtime = now;
+                inode.ctime = now;
+            }
             store_inode(tx, ino, &inode)?;
             Ok(data.len())
         });
