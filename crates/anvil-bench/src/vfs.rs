@@ -80,6 +80,11 @@ pub trait Vfs: Send + Sync {
     /// `collocate_files` on a hit): anvil moves the two into one set at its next commit
     /// when that saves reads. For anvil targets only, as `create_near`.
     fn collocate(&self, path: &str, near: &str) -> io::Result<()>;
+    /// Names `path` as just read with `near` (an image served from disk with the page
+    /// written for it): anvil stores a copy of it in `near`'s set when its next commit
+    /// writes `near` anyway (the library's `copy_near`, a mount's `trusted.anvil.copy`
+    /// attribute). For anvil targets only, as `create_near`.
+    fn copy_near(&self, path: &str, near: &str) -> io::Result<()>;
     /// Turns history off below directory `path` on an anvil volume (`anvil nohistory`).
     /// Only for anvil targets: elsewhere the attribute would be stored as junk.
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()>;
@@ -147,6 +152,23 @@ impl PosixVfs {
     }
 
     /// Writes "1" to the anvil control attribute `name` of `path`.
+    /// Sets attribute `name` of `path` to the inode number of `near`.
+    fn name_ino(&self, path: &str, name: &std::ffi::CStr, near: &str) -> io::Result<()> {
+        let c = self.c_path(path)?;
+        let value = self.ino(near)?.to_string();
+        // SAFETY: NUL-terminated path and name; the value outlives the call.
+        check(unsafe {
+            libc::setxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        })
+        .map(|_| ())
+    }
+
     fn switch_on(&self, path: &str, name: &std::ffi::CStr) -> io::Result<()> {
         let c = self.c_path(path)?;
         // SAFETY: NUL-terminated path and name; the value is one byte that outlives the call.
@@ -246,19 +268,11 @@ impl Vfs for PosixVfs {
     }
 
     fn collocate(&self, path: &str, near: &str) -> io::Result<()> {
-        let c = self.c_path(path)?;
-        let value = self.ino(near)?.to_string();
-        // SAFETY: NUL-terminated path and name; the value outlives the call.
-        check(unsafe {
-            libc::setxattr(
-                c.as_ptr(),
-                c"trusted.anvil.near".as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                0,
-            )
-        })
-        .map(|_| ())
+        self.name_ino(path, c"trusted.anvil.near", near)
+    }
+
+    fn copy_near(&self, path: &str, near: &str) -> io::Result<()> {
+        self.name_ino(path, c"trusted.anvil.copy", near)
     }
 
     fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
@@ -322,6 +336,10 @@ pub struct AnvilVfs {
     /// (a file the volume evicted) names a file that is gone, and the volume drops a hint
     /// about a file that is gone.
     named: Mutex<HashMap<String, u64>>,
+    /// The last file opened for reading and its inode: a program that names a file it has
+    /// just read (`collocate`, `copy_near`) holds it open, and has its inode at hand.
+    /// Forgotten by an unlink of the path and by every rmdir and rename.
+    opened: Mutex<(String, u64)>,
 }
 
 /// Hint targets `AnvilVfs` keeps at most (a proxy's 200 clients name about 200 pages).
@@ -339,6 +357,7 @@ impl AnvilVfs {
             root,
             dirs: Mutex::default(),
             named: Mutex::default(),
+            opened: Mutex::default(),
         }
     }
 
@@ -381,10 +400,32 @@ impl AnvilVfs {
         Ok(ino)
     }
 
+    fn opened(&self) -> std::sync::MutexGuard<'_, (String, u64)> {
+        self.opened.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode of `path`: the file last opened for reading if it is that, else looked up.
+    fn opened_ino(&self, path: &str) -> io::Result<u64> {
+        let opened = self.opened();
+        if opened.0 == path {
+            return Ok(opened.1);
+        }
+        drop(opened);
+        self.ino_of(path)
+    }
+
+    fn forget_opened(&self, path: &str) {
+        let mut opened = self.opened();
+        if opened.0 == path {
+            opened.0.clear();
+        }
+    }
+
     /// Forgets every path below the root (a rename or rmdir moved or removed some).
     fn forget_paths(&self) {
         self.dirs().clear();
         self.named().clear();
+        self.opened().0.clear();
     }
 
     /// Creates `path` (or truncates it if it is a file) and returns its inode. The create
@@ -401,6 +442,7 @@ impl AnvilVfs {
                 if let Some(named) = self.named().get_mut(path) {
                     *named = attr.ino;
                 }
+                self.forget_opened(path);
                 return Ok(attr.ino);
             }
             Err(err) if err.errno() == libc::EEXIST => {}
@@ -509,12 +551,23 @@ impl Vfs for AnvilVfs {
 
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
         let ino = self.ino_of(path)?;
-        self.handle(ino)
+        let handle = self.handle(ino)?;
+        let mut opened = self.opened();
+        opened.0.clear();
+        opened.0.push_str(path);
+        opened.1 = ino;
+        Ok(handle)
     }
 
     fn collocate(&self, path: &str, near: &str) -> io::Result<()> {
         self.fs
-            .set_locality(self.ino_of(path)?, self.named_ino(near)?);
+            .set_locality(self.opened_ino(path)?, self.named_ino(near)?);
+        Ok(())
+    }
+
+    fn copy_near(&self, path: &str, near: &str) -> io::Result<()> {
+        self.fs
+            .copy_near(self.opened_ino(path)?, self.named_ino(near)?);
         Ok(())
     }
 
@@ -548,6 +601,7 @@ impl Vfs for AnvilVfs {
     fn unlink(&self, path: &str) -> io::Result<()> {
         let (parent, name) = self.parent_of(path)?;
         self.named().remove(path);
+        self.forget_opened(path);
         self.fs.unlink(parent, name.as_bytes()).map_err(anvil_err)
     }
 

@@ -3,10 +3,10 @@
 //! can be read, written, or both; the adapter then matches on the enum, never on strings.
 
 use crate::{
-    CLEANUP_XATTR, COMPRESSION_XATTR, DROPCACHE_XATTR, EVICT_XATTR, HISTORY_XATTR, INFO_XATTR,
-    MIRROR_ATTACH_XATTR, MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR, MIRROR_XATTR,
-    NEAR_XATTR, NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR, REQUESTS_XATTR,
-    SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
+    CLEANUP_XATTR, COMPRESSION_XATTR, COPY_XATTR, DROPCACHE_XATTR, EVICT_XATTR, HISTORY_XATTR,
+    INFO_XATTR, MIRROR_ATTACH_XATTR, MIRROR_PROMOTE_XATTR, MIRROR_READ_XATTR, MIRROR_WRITE_XATTR,
+    MIRROR_XATTR, NEAR_XATTR, NOHISTORY_XATTR, POLICY_XATTR, PRUNE_XATTR, REBLOCK_XATTR,
+    REQUESTS_XATTR, SNAPRM_XATTR, SNAPSHOTS_XATTR, SNAPSHOT_XATTR, SPACE_XATTR, SYNC_XATTR,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +26,7 @@ pub enum Control {
     Evict,
     Compression,
     Near,
+    Copy,
     History,
     Requests,
     Mirror,
@@ -36,7 +37,7 @@ pub enum Control {
 }
 
 impl Control {
-    pub const ALL: [Control; 22] = [
+    pub const ALL: [Control; 23] = [
         Control::Info,
         Control::Sync,
         Control::DropCache,
@@ -52,6 +53,7 @@ impl Control {
         Control::Evict,
         Control::Compression,
         Control::Near,
+        Control::Copy,
         Control::History,
         Control::Requests,
         Control::Mirror,
@@ -78,6 +80,7 @@ impl Control {
             Control::Evict => EVICT_XATTR,
             Control::Compression => COMPRESSION_XATTR,
             Control::Near => NEAR_XATTR,
+            Control::Copy => COPY_XATTR,
             Control::History => HISTORY_XATTR,
             Control::Requests => REQUESTS_XATTR,
             Control::Mirror => MIRROR_XATTR,
@@ -105,6 +108,7 @@ impl Control {
                 | Control::Evict
                 | Control::Compression
                 | Control::Near
+                | Control::Copy
                 | Control::History
         )
     }
@@ -122,6 +126,7 @@ impl Control {
                 | Control::Snapshot
                 | Control::SnapRm
                 | Control::Near
+                | Control::Copy
                 | Control::MirrorRead
                 | Control::MirrorWrite
                 | Control::MirrorPromote

@@ -91,6 +91,11 @@ pub const COMPRESSION_XATTR: &str = "trusted.anvil.compression";
 /// Hummingbird's `collocate_files`): a proxy names the page an image belongs to. A hint,
 /// kept in memory until the commit that writes the file, never stored.
 pub const NEAR_XATTR: &str = "trusted.anvil.near";
+/// Writing an object's inode number to this attribute on a file names the file as read
+/// together with that object: the next commit that writes the object's data stores a copy
+/// of the file's data in its locality set too (`Filesystem::copy_near`): a proxy names the
+/// page an image it served was read with. A request kept in memory until the next commit.
+pub const COPY_XATTR: &str = "trusted.anvil.copy";
 /// Reading this attribute on any object lists its versions (JSON, newest last).
 pub const HISTORY_XATTR: &str = "trusted.anvil.history";
 /// Reading this attribute on the root gives the requests received per opcode and the
@@ -451,6 +456,11 @@ impl AnvilFuse {
                 self.fs.set_locality(ino, near);
                 Ok(())
             }
+            Control::Copy => {
+                let near = text.trim().parse::<u64>().map_err(|_| libc::EINVAL)?;
+                self.fs.copy_near(ino, near);
+                Ok(())
+            }
             Control::Compression => {
                 let codec = match text.trim() {
                     "default" => None,
@@ -603,6 +613,7 @@ impl AnvilFuse {
             | Control::Snapshot
             | Control::SnapRm
             | Control::Near
+            | Control::Copy
             | Control::MirrorRead
             | Control::MirrorWrite
             | Control::MirrorPromote

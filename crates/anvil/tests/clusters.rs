@@ -540,3 +540,97 @@ fn walks_of_the_tree_are_counted() {
     assert_eq!(second.0 - first.0, 1, "{first:?} {second:?}");
     assert!(second.1 - first.1 >= 2, "{first:?} {second:?}");
 }
+
+/// The engine's counter `name` (`Volume::report`).
+fn counter(fs: &Filesystem, name: &str) -> u64 {
+    fs.volume()
+        .report()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+}
+
+/// A shared file named as read with a page (`copy_near`) is copied into the page's set by
+/// the commit that writes the page: a cold read of the page, then of the shared file, reads
+/// the device once. The copy serves only while its bytes verify against the file's own
+/// checksum: overwritten on the device, or the file written again, the file reads as it is.
+#[test]
+fn a_shared_file_comes_with_each_page_it_was_read_with() {
+    let device = Arc::new(MemDevice::new(0));
+    Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
+    let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options(false)).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
+    let logo = random_bytes(&mut rng, 3000);
+    let shared = fs.write_file("/logo", &logo).unwrap();
+    fs.sync().unwrap();
+    // Two pages, each written with two images of its own, read with the logo.
+    let mut pages = Vec::new();
+    for p in 0..2 {
+        let page = fs
+            .write_file(&format!("/page{p}"), &random_bytes(&mut rng, 5000))
+            .unwrap();
+        for i in 0..2 {
+            let image = fs
+                .write_file(&format!("/page{p}-{i}"), &random_bytes(&mut rng, 4000))
+                .unwrap();
+            fs.set_locality(image, page);
+        }
+        fs.copy_near(shared, page);
+        fs.sync().unwrap();
+        pages.push(page);
+    }
+    assert_eq!(counter(&fs, "copies_written"), 2);
+    // The copies own no space: the space map the commit wrote says exactly what the tree
+    // uses.
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let sets = sets(&fs);
+    let page_set = |p: usize| sets[&pages[p]].expect("the page is in a set");
+    // The logo's own place made unreadable: after either page, it reads from the copy.
+    let (at, bytes) = extents(&fs)[&shared];
+    let mut original = vec![0u8; bytes as usize];
+    device.read_at(&mut original, at).unwrap();
+    device.write_at(&vec![0xa5; bytes as usize], at).unwrap();
+    for p in 0..2 {
+        fs.volume().drop_caches();
+        let before = fs.volume().cache_stats();
+        let copies_read = counter(&fs, "copies_read");
+        fs.read_file(&format!("/page{p}")).unwrap();
+        assert_eq!(fs.read_file("/logo").unwrap(), logo, "page {p}");
+        assert_eq!(counter(&fs, "copies_read"), copies_read + 1, "page {p}");
+        assert_eq!(fs.volume().cache_stats().set_misses - before.set_misses, 1);
+    }
+    // Without a page read first, the damage shows.
+    fs.volume().drop_caches();
+    assert!(fs.read_file("/logo").is_err());
+    device.write_at(&original, at).unwrap();
+    // The first page's copy overwritten on the device (its blocks are free space, which a
+    // later commit may take): it no longer verifies, and the logo is read from its place.
+    let (start, len) = page_set(0);
+    let members_end = [pages[0]]
+        .iter()
+        .chain(&[pages[0] + 1, pages[0] + 2])
+        .map(|ino| extents(&fs)[ino])
+        .map(|(offset, bytes)| offset + bytes)
+        .max()
+        .unwrap();
+    assert!(members_end < start + len);
+    let junk = random_bytes(&mut rng, (start + len - members_end) as usize);
+    device.write_at(&junk, members_end).unwrap();
+    fs.volume().drop_caches();
+    let copies_read = counter(&fs, "copies_read");
+    fs.read_file("/page0").unwrap();
+    assert_eq!(fs.read_file("/logo").unwrap(), logo);
+    assert_eq!(counter(&fs, "copies_read"), copies_read);
+    // The logo written again: the second page's copy is of its old extent, never read.
+    let new_logo = random_bytes(&mut rng, 3000);
+    fs.write_file("/logo", &new_logo).unwrap();
+    fs.sync().unwrap();
+    fs.volume().drop_caches();
+    fs.read_file("/page1").unwrap();
+    assert_eq!(fs.read_file("/logo").unwrap(), new_logo);
+    assert_eq!(counter(&fs, "copies_read"), copies_read);
+    let report = anvil::check::check(fs.volume()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}

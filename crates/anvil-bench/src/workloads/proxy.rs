@@ -149,6 +149,13 @@ pub struct Params {
     /// slower (docs/benchmarks.md, fourteenth session).
     #[serde(default)]
     pub collocate_hits: bool,
+    /// With `hints`, name the page of every image served from disk as the page it was
+    /// read with: when anvil's next commit writes or moves that page anyway, it stores a
+    /// copy of the image in the page's set, and the image stays where it is (design.md,
+    /// "Copies in other sets"). A shared image, stored with the first page that wrote it,
+    /// then comes with each page that embeds it.
+    #[serde(default)]
+    pub copy_hits: bool,
     /// Hummingbird's division of labour: on anvil targets the cache directory is an anvil
     /// cache (`anvil evict`), the proxy never deletes for space, and anvil drops the least
     /// recently used clusters when the volume runs low (a file gone is a miss, fetched
@@ -257,6 +264,7 @@ impl Params {
             cache_history: true,
             hints: true,
             collocate_hits: false,
+            copy_hits: false,
             fs_evicts: false,
         }
     }
@@ -1131,11 +1139,13 @@ fn replay(
     let vfs = env.vfs;
     let hints = p.hints && is_anvil(&env.fs_type);
     let collocate = hints && p.collocate_hits;
+    let copy = hints && p.copy_hits;
     let chunk = p.io_chunk as usize;
     let mut buf = vec![0u8; chunk];
     let mut r = Replay::default();
     // wg-Hummingbird: each client's latest HTML page written, by file number.
     let mut client_page: Vec<Option<u32>> = Vec::new();
+
     let n = trace.requests.len() as u64;
     let step = n.div_ceil(STEPS).max(1);
     let t_start = Instant::now();
@@ -1177,6 +1187,9 @@ fn replay(
                     if let (true, false, Some(page)) = (collocate, req.html, page) {
                         // A hint about a page that is gone (evicted) is no hint.
                         let _ = vfs.collocate(&path, &squid_path(page, p.l1, p.l2));
+                    }
+                    if let (true, false, Some(page)) = (copy, req.html, page) {
+                        let _ = vfs.copy_near(&path, &squid_path(page, p.l1, p.l2));
                     }
                 }
                 Ok(len) => {
@@ -1709,6 +1722,17 @@ mod tests {
         assert!(counts["cached_bytes"].as_u64().unwrap() <= p.cache_bytes);
     }
 
+    #[test]
+    fn copies_of_images_go_into_their_pages_sets() {
+        let (out, fs, _) = run_in_process(64 * MIB, &ov(&[("copy_hits", "true")]));
+        assert_eq!(out.errors, 0, "{}", out.text);
+        let report = fs.volume().report();
+        let count = |name: &str| report.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert!(count("copies_written") > 0, "{report:?}");
+        let check = anvil::check::check(fs.volume()).unwrap();
+        assert!(check.is_clean(), "{check:?}");
+    }
+
     /// A file system that dies under the replay (a FUSE daemon killed: every call fails
     /// with ENOTCONN from then on) ends the run at that request with the reason, instead
     /// of timing hundreds of thousands of quick failures.
@@ -1764,6 +1788,10 @@ mod tests {
             fn collocate(&self, path: &str, near: &str) -> io::Result<()> {
                 self.alive()?;
                 self.inner.collocate(path, near)
+            }
+            fn copy_near(&self, path: &str, near: &str) -> io::Result<()> {
+                self.alive()?;
+                self.inner.copy_near(path, near)
             }
             fn set_anvil_nohistory(&self, path: &str) -> io::Result<()> {
                 self.alive()?;

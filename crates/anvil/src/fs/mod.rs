@@ -641,6 +641,15 @@ impl Filesystem {
         self.volume.set_locality(ino, near);
     }
 
+    /// Names file `ino` as read together with `near` (a proxy's image served with its
+    /// page): when the next commit writes `near`'s data anyway, it stores a copy of `ino`'s
+    /// data in `near`'s locality set as well, so that reading `near` brings it along. The
+    /// file stays where it is; the copy owns no space and is used only while its bytes
+    /// verify against the file's own checksum (Hummingbird: a file in several clusters).
+    pub fn copy_near(&self, ino: u64, near: u64) {
+        self.volume.copy_near(ino, near);
+    }
+
     pub fn volume(&self) -> &Arc<Volume> {
         &self.volume
     }

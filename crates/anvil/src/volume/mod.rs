@@ -11,6 +11,7 @@
 //! and log appends with each other (it is the only lock held across device I/O, and no
 //! ordinary operation takes it).
 
+mod copies;
 mod extent;
 mod mirror;
 mod overlay;
@@ -409,6 +410,9 @@ pub struct Volume {
     /// the last `take_clusters`: the objects whose data each cluster run holds.
     clusters_wanted: AtomicBool,
     clusters: Mutex<Vec<Vec<u64>>>,
+    /// Copies of files requested for other files' sets, and where those written lie
+    /// (`copies.rs`).
+    copies: copies::Copies,
     /// `request_commit` was called since the last commit.
     commit_requested: AtomicBool,
     /// A mirror slave takes changes only from `mirror_write` (and prune's removals, which
@@ -487,6 +491,9 @@ struct Counters {
     log_full: ((AtomicU64, AtomicU64), (AtomicU64, AtomicU64)),
     /// Files commits moved to join their locality group (`regroup`), and their bytes.
     regrouped: (AtomicU64, AtomicU64),
+    /// Copies commits wrote into other files' sets (`copies.rs`), their bytes, and reads
+    /// served from one.
+    copies: (AtomicU64, AtomicU64, AtomicU64),
     /// Commits (and reblock steps, mirrored commits) that put a barrier between their tree
     /// and their superblock, having written no manifest (`publish`).
     barriers: AtomicU64,
@@ -796,6 +803,7 @@ impl Volume {
             clusters_wanted: AtomicBool::new(false),
             commit_requested: AtomicBool::new(false),
             clusters: Mutex::new(Vec::new()),
+            copies: copies::Copies::default(),
             slave: AtomicBool::new(false),
         });
         if let (Some(shadow), false) = (&volume.shadow, volume.is_read_only()) {
@@ -1149,6 +1157,12 @@ impl Volume {
             ("log_full_commit_ms", millis(&c.log_full.1)),
             ("regrouped_files", c.regrouped.0.load(Ordering::Relaxed)),
             ("regrouped_mib", c.regrouped.1.load(Ordering::Relaxed) >> 20),
+            ("copies_written", c.copies.0.load(Ordering::Relaxed)),
+            (
+                "copies_written_mib",
+                c.copies.1.load(Ordering::Relaxed) >> 20,
+            ),
+            ("copies_read", c.copies.2.load(Ordering::Relaxed)),
             ("data_written_mib", mib(&c.written.data)),
             ("data_padding_mib", mib(&c.written.padding)),
             ("nodes_written_mib", mib(&c.written.nodes)),
@@ -1488,30 +1502,40 @@ impl Volume {
     /// The verified, decoded bytes of an extent in a locality set, taken from the set's
     /// bytes: cached, or read whole in one request and kept in the cache's data share, so
     /// that the set's other members are read from memory (Hummingbird's cluster reads).
-    /// The decoded member is not cached beside its set. None where the set does not serve:
-    /// the extent is in none, the set lies outside the data area, or the extent's bytes in
-    /// it fail its checksum (blocks of a cached set reused since, or damage); the caller
-    /// reads the extent alone, which reports damage as such.
+    /// The decoded member is not cached beside its set. A copy of the extent in another
+    /// file's cached set serves as well (`copies.rs`) when its own set is not cached. None
+    /// where no set serves: the extent is in none, the set lies outside the data area, or
+    /// the extent's bytes in it fail its checksum (blocks of a cached set reused since, or
+    /// damage); the caller reads the extent alone, which reports damage as such.
     fn read_from_set(&self, extent: &ExtentRef) -> Option<Vec<u8>> {
-        let (start, len) = extent.set_span()?;
-        let end = start.checked_add(len)?;
-        if start < self.space.data_offset() || end > self.space.volume_bytes() {
-            return None;
-        }
-        let member = |set: &[u8]| decode_extent(extent, set_member(extent, start, set)?).ok();
-        if let Some(set) = self.cache.set(start, len) {
-            if let Some(bytes) = member(&set) {
-                return Some(bytes);
+        let own = extent.set_span().filter(|&(start, len)| {
+            start >= self.space.data_offset()
+                && start
+                    .checked_add(len)
+                    .is_some_and(|end| end <= self.space.volume_bytes())
+        });
+        let member =
+            |start, set: &[u8]| decode_extent(extent, set_member(extent, start, set)?).ok();
+        if let Some((start, len)) = own {
+            if let Some(set) = self.cache.set(start, len) {
+                if let Some(bytes) = member(start, &set) {
+                    return Some(bytes);
+                }
+                self.cache.remove_set(start, len);
             }
-            self.cache.remove_set(start, len);
         }
+        // A copy in another file's set, read with that file (`copies.rs`).
+        if let Some(bytes) = self.read_copy(extent) {
+            return Some(bytes);
+        }
+        let (start, len) = own?;
         let mut scratch = RUN_BUFFER.take();
         let buffer = crate::device::file::aligned_scratch(&mut scratch, usize::try_from(len).ok()?);
         let read = self.device.read_whole_at(buffer, start);
         let set = read.is_ok().then(|| Arc::new(buffer.to_vec()));
         RUN_BUFFER.set(scratch);
         let set = set?;
-        let bytes = member(&set)?;
+        let bytes = member(start, &set)?;
         self.cache.insert_set(start, set);
         Some(bytes)
     }
@@ -1931,10 +1955,12 @@ impl Volume {
                 payload: Payload::Inline(commit_time.to_le_bytes().to_vec()),
             }));
         }
+        let mut copies = Vec::new();
         if !slave {
             self.regroup(old_root, frozen, &mut mutations, &mut data);
+            copies = self.gather_copies(old_root, &mutations, &data);
         }
-        self.write_extents(&mut mutations, data)?;
+        self.write_extents(&mut mutations, data, copies)?;
         mutations.sort_by_key(Mutation::key);
 
         let mut ctx = CommitContext::new(self.loader(), &self.space, tid);
@@ -2204,11 +2230,22 @@ impl Volume {
     }
 
     /// Places extents side by side, packed back to back, and writes each contiguous run as
-    /// one request, straight from the chunk buffers.
-    fn write_extents(&self, mutations: &mut [Mutation], data: Vec<(usize, Stored)>) -> Result<()> {
-        let (data, groups, keep) = self.order_by_locality(mutations, data);
+    /// one request, straight from the chunk buffers. `copies` go at the end of their
+    /// groups' sets (`copies.rs`).
+    fn write_extents(
+        &self,
+        mutations: &mut [Mutation],
+        data: Vec<(usize, Stored)>,
+        copies: Vec<copies::Copy>,
+    ) -> Result<()> {
+        // A copy's index in `data` is past the mutations'.
+        let originals: Vec<ExtentRef> = copies.iter().map(|c| c.of).collect();
+        let first_copy = mutations.len();
+        let copy_of = |index: usize| index.checked_sub(first_copy).map(|k| originals[k]);
+        let (data, groups, keep) = self.order_by_locality(mutations, data, copies);
         let mut recent = HashMap::new();
         let mut placed: Vec<(u64, &[u8])> = Vec::with_capacity(data.len());
+        let mut copied = Vec::with_capacity(originals.len());
         let sizes: Vec<u64> = data.iter().map(|(_, s)| s.allocated_bytes()).collect();
         let (offsets, runs) = self.place_clustered(&sizes)?;
         if self.clusters_wanted.load(Ordering::Relaxed) {
@@ -2218,6 +2255,11 @@ impl Volume {
         for ((((index, stored), offset), set), keep) in data.iter().zip(offsets).zip(sets).zip(keep)
         {
             let bytes = stored.bytes();
+            if let Some(of) = copy_of(*index) {
+                copied.push((of, offset, set));
+                placed.push((offset, bytes));
+                continue;
+            }
             // A moved extent was never counted as pending.
             if !matches!(mutations[*index], Mutation::Relocate(..)) {
                 let counted = stored.logical_bytes() as u64 + 64;
@@ -2255,10 +2297,12 @@ impl Volume {
             placed.push((offset, bytes));
         }
         *self.recent.lock() = recent;
-        self.write_placed(&placed, |slices, at| {
+        let written = self.write_placed(&placed, |slices, at| {
             self.device.write_vectored_at(slices, at)
-        })?;
-        Ok(())
+        });
+        // Written or not, nothing refers to a copy's space.
+        self.copies_written(&copied, written.is_ok());
+        written
     }
 
     /// Writes data placed by `space` (`(offset, bytes)` in device order) in as few requests
@@ -2680,7 +2724,7 @@ impl Volume {
         for run in runs {
             let mut objects: Vec<u64> = data[run.clone()]
                 .iter()
-                .map(|(index, _)| mutations[*index].key().obj)
+                .filter_map(|(index, _)| mutations.get(*index).map(|m| m.key().obj))
                 .collect();
             objects.dedup();
             if objects.len() > 1 {
@@ -2699,18 +2743,24 @@ impl Volume {
     /// that holds more than one object named together by hints (0: none), and whether it
     /// belongs to one of the groups written last (the newest objects), which the next
     /// commit may add to (`recent`).
+    ///
+    /// `copies` follow the last member of their group, each with the index
+    /// `mutations.len()` plus its position in `copies`; a group with a copy is a set.
     fn order_by_locality(
         &self,
         mutations: &[Mutation],
         data: Vec<(usize, Stored)>,
+        copies: Vec<copies::Copy>,
     ) -> (Vec<(usize, Stored)>, Vec<u64>, Vec<bool>) {
         let mut hints = self.locality.lock();
-        if hints.is_empty() {
+        if hints.is_empty() && copies.is_empty() {
             let groups = vec![0; data.len()];
             let recent = vec![false; data.len()];
             return (data, groups, recent);
         }
-        // (group, object, position) beside each extent.
+        // (group, object, position) beside each extent; a copy's object is `COPY`, after
+        // every object of its group.
+        const COPY: u64 = u64::MAX;
         type Keyed = ((u64, u64, usize), (usize, Stored));
         let mut keyed: Vec<Keyed> = data
             .into_iter()
@@ -2725,6 +2775,13 @@ impl Volume {
             hints.remove(obj);
         }
         drop(hints);
+        let first_copy = keyed.len();
+        keyed.extend(copies.into_iter().enumerate().map(|(k, copy)| {
+            (
+                (copy.group, COPY, first_copy + k),
+                (mutations.len() + k, copy.stored),
+            )
+        }));
         keyed.sort_unstable_by_key(|(order, _)| *order);
         // A group is a locality set where a hint joined two objects in it.
         let mut groups: Vec<u64> = keyed.iter().map(|((group, _, _), _)| *group).collect();
@@ -2737,7 +2794,8 @@ impl Volume {
             let hinted = run.iter().any(|((group, obj, _), _)| obj != group);
             let named = hinted && run.iter().any(|((_, obj, _), _)| *obj != run[0].0 .1);
             if hinted || members.contains_key(&group) {
-                remember_members(&mut members, group, run.iter().map(|((_, obj, _), _)| *obj));
+                let objects = run.iter().map(|((_, obj, _), _)| *obj);
+                remember_members(&mut members, group, objects.filter(|&obj| obj != COPY));
             }
             if !named {
                 groups[start..end].fill(0);
@@ -2747,7 +2805,7 @@ impl Volume {
         drop(members);
         // The groups of the newest objects (ids grow with creation), newest first, whole.
         let mut newest: Vec<(u64, u64)> = Vec::new(); // (newest object, group)
-        for ((group, obj, _), _) in &keyed {
+        for ((group, obj, _), _) in keyed.iter().filter(|((_, obj, _), _)| *obj != COPY) {
             match newest.last_mut() {
                 Some((top, g)) if g == group => *top = (*top).max(*obj),
                 _ => newest.push((*obj, *group)),
@@ -2772,7 +2830,7 @@ impl Volume {
         }
         let recent = keyed
             .iter()
-            .map(|((group, _, _), _)| kept.contains(group))
+            .map(|((group, obj, _), _)| *obj != COPY && kept.contains(group))
             .collect();
         let data = keyed.into_iter().map(|(_, extent)| extent).collect();
         (data, groups, recent)
