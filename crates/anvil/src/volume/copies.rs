@@ -248,12 +248,16 @@ impl Volume {
         copies
     }
 
-    /// Hands the space of the copies a commit placed (`(original, offset, set)`) back to
-    /// the free map, since nothing on the device refers to them, and records where they
-    /// lie once `written`.
-    pub(super) fn copies_written(&self, copies: &[(ExtentRef, u64, LocalitySet)], written: bool) {
-        for (of, offset, set) in copies {
-            self.space.release(*offset, of.allocated_bytes());
+    /// Hands the space of the copies a commit placed (`(original, offset, bytes, set)`)
+    /// back to the free map, since nothing on the device refers to them, and records where
+    /// they lie once `written`.
+    pub(super) fn copies_written(
+        &self,
+        copies: &[(ExtentRef, u64, u64, LocalitySet)],
+        written: bool,
+    ) {
+        for (of, offset, bytes, set) in copies {
+            self.space.release(*offset, *bytes);
             if !written {
                 continue;
             }

@@ -2256,7 +2256,7 @@ impl Volume {
         {
             let bytes = stored.bytes();
             if let Some(of) = copy_of(*index) {
-                copied.push((of, offset, set));
+                copied.push((of, offset, bytes.len() as u64, set));
                 placed.push((offset, bytes));
                 continue;
             }
