@@ -80,9 +80,9 @@ pub trait Vfs: Send + Sync {
     /// `collocate_files` on a hit): anvil moves the two into one set at its next commit
     /// when that saves reads. For anvil targets only, as `create_near`.
     fn collocate(&self, path: &str, near: &str) -> io::Result<()>;
-    /// Names `path` as just read with `near` (an image served from disk with the page
-    /// written for it): anvil stores a copy of it in `near`'s set when its next commit
-    /// writes `near` anyway (the library's `copy_near`, a mount's `trusted.anvil.copy`
+    /// Names `path` as just read with `near` (an image served from disk for a client whose
+    /// page is `near`): anvil stores a copy of it in `near`'s set when its next commit
+    /// writes or moves `near` anyway (the library's `copy_near`, a mount's `trusted.anvil.copy`
     /// attribute). For anvil targets only, as `create_near`.
     fn copy_near(&self, path: &str, near: &str) -> io::Result<()>;
     /// Turns history off below directory `path` on an anvil volume (`anvil nohistory`).
@@ -151,7 +151,6 @@ impl PosixVfs {
         Ok(self.stat(path)?.st_ino)
     }
 
-    /// Writes "1" to the anvil control attribute `name` of `path`.
     /// Sets attribute `name` of `path` to the inode number of `near`.
     fn name_ino(&self, path: &str, name: &std::ffi::CStr, near: &str) -> io::Result<()> {
         let c = self.c_path(path)?;
@@ -169,6 +168,7 @@ impl PosixVfs {
         .map(|_| ())
     }
 
+    /// Writes "1" to the anvil control attribute `name` of `path`.
     fn switch_on(&self, path: &str, name: &std::ffi::CStr) -> io::Result<()> {
         let c = self.c_path(path)?;
         // SAFETY: NUL-terminated path and name; the value is one byte that outlives the call.

@@ -166,3 +166,74 @@ fn files_read_apart_are_packed_into_one_set_through_the_mount() {
         assert_eq!(&fs.read_file(&name).unwrap(), bytes);
     }
 }
+
+/// A copy requested through the mount (`trusted.anvil.copy` naming a page): the commit that
+/// writes the page writes a copy of the shared file into the page's set (the engine counts
+/// it), the attribute takes only an inode number and is never stored, and the volume checks
+/// clean after the unmount with the copy's space free.
+#[test]
+fn a_copy_named_through_the_mount_is_written_with_the_page() {
+    if !common::fuse_or_skip("a_copy_named_through_the_mount_is_written_with_the_page") {
+        return;
+    }
+    const COPY: &std::ffi::CStr = c"trusted.anvil.copy";
+    let set_copy = |path: &Path, value: &[u8]| -> std::io::Result<()> {
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: NUL-terminated path and name; the value outlives the call.
+        let ret = unsafe {
+            libc::setxattr(
+                c.as_ptr(),
+                COPY.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        match ret {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    let mut mount = common::Mount::with_options("64M", Some("commit_interval_ms=600000"));
+    let root = mount.path().to_path_buf();
+    let dir = root.to_str().unwrap().to_string();
+    let synctid = |mount: &common::Mount| {
+        let out = mount.anvil("synctid", &["synctid", &dir]);
+        assert!(out.status.success(), "{out}");
+    };
+    let copies_written = |mount: &common::Mount| -> u64 {
+        let out = mount.anvil("info", &["info", &dir, "--json"]);
+        assert!(out.status.success(), "{out}");
+        let info: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        info["engine"]["copies_written"]
+            .as_u64()
+            .expect("the counter")
+    };
+    let logo = root.join("logo.png");
+    std::fs::write(&logo, common::pattern(3000, 7)).unwrap();
+    synctid(&mount);
+    let page = root.join("page.html");
+    std::fs::write(&page, common::pattern(4000, 8)).unwrap();
+    let page_ino = std::fs::metadata(&page).unwrap().ino();
+    let image = root.join("img");
+    std::fs::write(&image, common::pattern(5000, 9)).unwrap();
+    set_near(&image, page_ino.to_string().as_bytes()).unwrap();
+    // (Not read before the request: a read of a whole file through the mount leaves its
+    // bytes to the kernel's cache, and a commit copies only what anvil's cache holds.)
+    // Not a number: refused. Not stored: nothing to read back.
+    let refused = set_copy(&logo, b"page.html").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EINVAL));
+    set_copy(&logo, page_ino.to_string().as_bytes()).unwrap();
+    let c = CString::new(logo.as_os_str().as_bytes()).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: NUL-terminated path and name, and a buffer of the length given.
+    let got = unsafe { libc::getxattr(c.as_ptr(), COPY.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert!(got < 0, "the request was stored");
+    assert_eq!(copies_written(&mount), 0);
+    synctid(&mount);
+    assert_eq!(copies_written(&mount), 1);
+    assert_eq!(std::fs::read(&logo).unwrap(), common::pattern(3000, 7));
+    mount.unmount_keep_image();
+    let check = mount.check();
+    assert!(check.status.success(), "{check}");
+}
