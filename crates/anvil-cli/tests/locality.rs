@@ -13,14 +13,19 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 const NEAR: &std::ffi::CStr = c"trusted.anvil.near";
+const COPY: &std::ffi::CStr = c"trusted.anvil.copy";
 
 fn set_near(path: &Path, value: &[u8]) -> std::io::Result<()> {
+    set_attr(path, NEAR, value)
+}
+
+fn set_attr(path: &Path, name: &std::ffi::CStr, value: &[u8]) -> std::io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: NUL-terminated path and name; the value outlives the call.
     let ret = unsafe {
         libc::setxattr(
             c.as_ptr(),
-            NEAR.as_ptr(),
+            name.as_ptr(),
             value.as_ptr().cast(),
             value.len(),
             0,
@@ -176,24 +181,7 @@ fn a_copy_named_through_the_mount_is_written_with_the_page() {
     if !common::fuse_or_skip("a_copy_named_through_the_mount_is_written_with_the_page") {
         return;
     }
-    const COPY: &std::ffi::CStr = c"trusted.anvil.copy";
-    let set_copy = |path: &Path, value: &[u8]| -> std::io::Result<()> {
-        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-        // SAFETY: NUL-terminated path and name; the value outlives the call.
-        let ret = unsafe {
-            libc::setxattr(
-                c.as_ptr(),
-                COPY.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                0,
-            )
-        };
-        match ret {
-            0 => Ok(()),
-            _ => Err(std::io::Error::last_os_error()),
-        }
-    };
+    let set_copy = |path: &Path, value: &[u8]| set_attr(path, COPY, value);
     let mut mount = common::Mount::with_options("64M", Some("commit_interval_ms=600000"));
     let root = mount.path().to_path_buf();
     let dir = root.to_str().unwrap().to_string();
