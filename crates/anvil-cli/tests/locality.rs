@@ -37,6 +37,13 @@ fn set_attr(path: &Path, name: &std::ffi::CStr, value: &[u8]) -> std::io::Result
     }
 }
 
+/// Commits everything written to the mount so far.
+fn synctid(mount: &common::Mount) {
+    let dir = mount.path().to_str().unwrap().to_string();
+    let out = mount.anvil("synctid", &["synctid", &dir]);
+    assert!(out.status.success(), "{out}");
+}
+
 fn open_read_only(image: &Path) -> Filesystem {
     let options = MountOptions {
         read_only: true,
@@ -127,10 +134,6 @@ fn files_read_apart_are_packed_into_one_set_through_the_mount() {
     let mut mount = common::Mount::with_options("64M", Some("commit_interval_ms=600000"));
     let root = mount.path().to_path_buf();
     let dir = root.to_str().unwrap().to_string();
-    let synctid = |mount: &common::Mount| {
-        let out = mount.anvil("synctid", &["synctid", &dir]);
-        assert!(out.status.success(), "{out}");
-    };
     let mut files: Vec<(std::path::PathBuf, u64, Vec<u8>)> = Vec::new();
     for commit in 0..3u64 {
         for i in 0..3u64 {
@@ -185,10 +188,6 @@ fn a_copy_named_through_the_mount_is_written_with_the_page() {
     let mut mount = common::Mount::with_options("64M", Some("commit_interval_ms=600000"));
     let root = mount.path().to_path_buf();
     let dir = root.to_str().unwrap().to_string();
-    let synctid = |mount: &common::Mount| {
-        let out = mount.anvil("synctid", &["synctid", &dir]);
-        assert!(out.status.success(), "{out}");
-    };
     let copies_written = |mount: &common::Mount| -> u64 {
         let out = mount.anvil("info", &["info", &dir, "--json"]);
         assert!(out.status.success(), "{out}");
