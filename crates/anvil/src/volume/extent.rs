@@ -20,20 +20,51 @@ pub fn encode_extent(bytes: &[u8], codec: u8) -> Option<(u8, Vec<u8>)> {
     if codec == compression::NONE {
         return None;
     }
-    // Probe a sample with LZ4 first, whatever the codec: data that does not shrink (media,
-    // encrypted, random) is common, and compressing all of it is wasted work.
+    // Data that does not shrink (media, encrypted, random) is common, and compressing all
+    // of it is wasted work. A large extent probes a sample with LZ4 first, whatever the
+    // codec; a small one, where the probe would cost about what compressing it does, is
+    // judged by how evenly its byte values spread.
     const SAMPLE_BYTES: usize = 4096;
     if bytes.len() > 2 * SAMPLE_BYTES {
         let sample = &bytes[..SAMPLE_BYTES];
         if lz4_flex::block::compress(sample).len() > SAMPLE_BYTES - SAMPLE_BYTES / 16 {
             return None;
         }
+    } else if looks_random(bytes) {
+        return None;
     }
     let (codec, compressed) = match codec {
         compression::ZSTD => (compression::ZSTD, zstd_compress(bytes)?),
         _ => (compression::LZ4, lz4_flex::block::compress(bytes)),
     };
     (compressed.len() <= bytes.len() - bytes.len() / 8).then_some((codec, compressed))
+}
+
+/// Whether `bytes` look like random bytes: a sample's byte values (up to 512 bytes, in 64-byte
+/// pieces spread over the data) spread as evenly as random bytes would, by their
+/// collision count (the sum of squared counts over the 256 values, twice what random
+/// bytes give at most). Text, markup, code and zero runs collide far more often; they
+/// and anything too short to judge are compressed. Data that repeats a random pattern is
+/// called random, and is stored as it is.
+fn looks_random(bytes: &[u8]) -> bool {
+    const PIECE: usize = 64;
+    const PIECES: usize = 8;
+    if bytes.len() < 4 * PIECE {
+        return false;
+    }
+    let mut counts = [0u32; 256];
+    let stride = (bytes.len() / PIECES).max(PIECE);
+    let mut sampled = 0u64;
+    for piece in bytes.chunks(stride).take(PIECES) {
+        for &b in &piece[..piece.len().min(PIECE)] {
+            counts[usize::from(b)] += 1;
+        }
+        sampled += piece.len().min(PIECE) as u64;
+    }
+    let collisions: u64 = counts.iter().map(|&c| u64::from(c) * u64::from(c)).sum();
+    // Random bytes: sampled + sampled * (sampled - 1) / 256 expected.
+    let random = sampled + sampled * (sampled - 1) / 256;
+    collisions <= 2 * random
 }
 
 fn zstd_compress(bytes: &[u8]) -> Option<Vec<u8>> {
@@ -135,6 +166,36 @@ mod tests {
         rand::rngs::StdRng::seed_from_u64(7).fill_bytes(&mut random);
         for codec in [compression::LZ4, compression::ZSTD] {
             assert!(encode_extent(&random, codec).is_none());
+        }
+    }
+
+    #[test]
+    fn small_random_data_is_judged_without_compressing_it() {
+        use rand::{RngCore, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for len in [256, 1000, 4096, 6000, 8192] {
+            let mut random = vec![0u8; len];
+            rng.fill_bytes(&mut random);
+            assert!(looks_random(&random), "{len} random bytes");
+            assert!(encode_extent(&random, compression::LZ4).is_none());
+        }
+        // Markup, a compressible header before random bytes, zeros, and what is too short
+        // to judge are compressed (and shrink).
+        let html: Vec<u8> = (0..6000u32)
+            .map(|i| b"<li><a href=\"/p/17\">anvil</a></li>\n"[i as usize % 35])
+            .collect();
+        let mut half = vec![b'a'; 3000];
+        let mut tail = vec![0u8; 3000];
+        rng.fill_bytes(&mut tail);
+        half.extend_from_slice(&tail);
+        for (name, data) in [
+            ("markup", html),
+            ("half text", half),
+            ("zeros", vec![0u8; 4096]),
+            ("short", vec![7u8; 200]),
+        ] {
+            assert!(!looks_random(&data), "{name}");
+            assert!(encode_extent(&data, compression::LZ4).is_some(), "{name}");
         }
     }
 
