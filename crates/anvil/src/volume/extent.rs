@@ -40,12 +40,13 @@ pub fn encode_extent(bytes: &[u8], codec: u8) -> Option<(u8, Vec<u8>)> {
     (compressed.len() <= bytes.len() - bytes.len() / 8).then_some((codec, compressed))
 }
 
-/// Whether `bytes` look like random bytes: a sample's byte values (up to 512 bytes, in 64-byte
-/// pieces spread over the data) spread as evenly as random bytes would, by their
-/// collision count (the sum of squared counts over the 256 values, twice what random
-/// bytes give at most). Text, markup, code and zero runs collide far more often; they
-/// and anything too short to judge are compressed. Data that repeats a random pattern is
-/// called random, and is stored as it is.
+/// Whether `bytes` look like random bytes: the byte values of a sample (up to 512 bytes,
+/// in 64-byte pieces spread over the data) spread as evenly as random bytes' would, by
+/// their collision count (the sum of squared counts over the 256 values: at most twice
+/// what random bytes give, which is 1,534 for 512 bytes, with a standard deviation near
+/// 120). Text, markup, code and runs of zeros collide far more often; they and anything
+/// too short to judge are compressed. Data that repeats a random pattern is called
+/// random, and is stored as it is.
 fn looks_random(bytes: &[u8]) -> bool {
     const PIECE: usize = 64;
     const PIECES: usize = 8;
