@@ -57,10 +57,11 @@ fn looks_random(bytes: &[u8]) -> bool {
     let stride = (bytes.len() / PIECES).max(PIECE);
     let mut sampled = 0u64;
     for piece in bytes.chunks(stride).take(PIECES) {
-        for &b in &piece[..piece.len().min(PIECE)] {
+        let taken = &piece[..piece.len().min(PIECE)];
+        for &b in taken {
             counts[usize::from(b)] += 1;
         }
-        sampled += piece.len().min(PIECE) as u64;
+        sampled += taken.len() as u64;
     }
     let collisions: u64 = counts.iter().map(|&c| u64::from(c) * u64::from(c)).sum();
     // Random bytes: sampled + sampled * (sampled - 1) / 256 expected.
