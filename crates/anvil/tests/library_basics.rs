@@ -2,6 +2,7 @@
 //! delete, reopen, and read as of an earlier TID.
 
 use anvil::device::{Device, MemDevice};
+use anvil::fs::Caller;
 use anvil::{Filesystem, MountOptions};
 use std::sync::Arc;
 
@@ -344,4 +345,114 @@ fn walks_ask_the_cache_for_leaves_once_internal_nodes_were_passed() {
         fs.read(files[7], 0, 64).unwrap(),
         b"changed after the commit"
     );
+}
+
+/// Node lookups of `f` (each walk under one root asks the cache for its leaf once).
+fn lookups_of(fs: &Filesystem, f: impl FnOnce()) -> u64 {
+    let before = node_lookups(fs);
+    f();
+    node_lookups(fs) - before
+}
+
+/// A create, an unlink and a whole-file read each take the versions their spans found
+/// instead of walking the tree again for them: a create one walk (the name's slots), an
+/// unlink two (the name's slots; the inode with the records after it), a read from the
+/// start to the end of a file one (data and patches). What the walks found still decides
+/// the result: a file with more records than that walk takes, a file keeping another link,
+/// an object's xattrs, and history all come out as they should.
+#[test]
+fn creates_unlinks_and_whole_reads_reuse_what_their_walks_found() {
+    let device = fresh(256 << 20);
+    let fs = Filesystem::open(device, options()).unwrap();
+    fs.mkdir_path("/d").unwrap();
+    let dir = fs.resolve("/d").unwrap();
+    for i in 0..200 {
+        fs.write_file(&format!("/d/f{i}"), format!("file {i}").as_bytes())
+            .unwrap();
+    }
+    // A file of 80 chunks and a few attributes: more records than the first walk takes.
+    let big: Vec<u8> = (0..80 * 65536u32).map(|i| (i % 253) as u8).collect();
+    fs.write_file("/d/big", &big).unwrap();
+    let big_ino = fs.lookup(dir, b"big").unwrap().ino;
+    for i in 0..3 {
+        fs.setxattr(big_ino, format!("user.a{i}").as_bytes(), b"v", true, false)
+            .unwrap();
+    }
+    // A patched file: a small overwrite after the commit leaves a PATCH record.
+    let patched: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+    fs.write_file("/d/patched", &patched).unwrap();
+    let patched_ino = fs.lookup(dir, b"patched").unwrap().ino;
+    fs.link(fs.lookup(dir, b"f1").unwrap().ino, dir, b"f1-link")
+        .unwrap();
+    let before = fs.sync().unwrap();
+    fs.write(patched_ino, 70_000, b"PATCHED").unwrap();
+    let mut expected = patched.clone();
+    expected[70_000..70_007].copy_from_slice(b"PATCHED");
+    let after_patch = fs.sync().unwrap();
+
+    // Reads: from the start to the end in one walk, with the patch applied.
+    fs.getattr(patched_ino).unwrap();
+    let mut got = Vec::new();
+    let walks = lookups_of(&fs, || got = fs.read(patched_ino, 0, 1 << 20).unwrap());
+    assert_eq!(got, expected);
+    assert_eq!(walks, 1, "data and patches from one walk");
+    assert_eq!(
+        fs.read(patched_ino, 69_998, 10).unwrap(),
+        &expected[69_998..70_008]
+    );
+    assert_eq!(
+        fs.read(patched_ino, 65_536, 1 << 20).unwrap(),
+        &expected[65_536..]
+    );
+
+    // Creates: one walk (the name's slots) into a free slot.
+    let mknod = |name: &[u8]| fs.mknod(Caller::ROOT, dir, name, 0o644, 0).unwrap().ino;
+    let mut new = 0;
+    fs.getattr(dir).unwrap();
+    assert_eq!(lookups_of(&fs, || new = mknod(b"new")), 1);
+    fs.write(new, 0, b"new").unwrap();
+    fs.sync().unwrap();
+
+    // Unlinks: two walks for a small file nothing holds.
+    fs.lookup(dir, b"f7").unwrap();
+    let walks = lookups_of(&fs, || fs.unlink(dir, b"f7").unwrap());
+    assert_eq!(
+        walks, 2,
+        "the name's slots, then the inode with its records"
+    );
+    fs.unlink(dir, b"big").unwrap();
+    fs.unlink(dir, b"f1").unwrap();
+    assert_eq!(fs.read_file("/d/f1-link").unwrap(), b"file 1");
+    let kept = fs.lookup(dir, b"f1-link").unwrap();
+    assert_eq!(kept.nlink, 1, "one link left");
+    // Made again where a name was deleted in this group and where one was committed.
+    fs.unlink(dir, b"new").unwrap();
+    let again = mknod(b"new");
+    fs.write(again, 0, b"again").unwrap();
+    fs.unlink(dir, b"f9").unwrap();
+    fs.sync().unwrap();
+    fs.write(mknod(b"f9"), 0, b"nine").unwrap();
+    let now = fs.sync().unwrap();
+    assert!(fs.resolve("/d/big").is_err());
+    assert!(fs.getattr(big_ino).is_err(), "destroyed with its last link");
+    assert_eq!(fs.read_file("/d/new").unwrap(), b"again");
+    assert_eq!(fs.read_file("/d/f9").unwrap(), b"nine");
+    assert_eq!(fs.read_file("/d/f1-link").unwrap(), b"file 1");
+    fs.unlink(dir, b"f1-link").unwrap();
+    fs.sync().unwrap();
+    assert!(fs.resolve("/d/f1").is_err() && fs.resolve("/d/f1-link").is_err());
+
+    // History keeps every version the unlinks and creates replaced.
+    let old = fs.at(before).unwrap();
+    assert_eq!(old.read_file("/d/big").unwrap(), big);
+    assert_eq!(old.read_file("/d/f7").unwrap(), b"file 7");
+    assert_eq!(old.read_file("/d/f9").unwrap(), b"file 9");
+    assert_eq!(old.read_file("/d/f1").unwrap(), b"file 1");
+    assert_eq!(old.read_file("/d/patched").unwrap(), patched);
+    assert_eq!(
+        fs.at(after_patch).unwrap().read_file("/d/patched").unwrap(),
+        expected
+    );
+    assert_eq!(fs.at(now).unwrap().read_file("/d/new").unwrap(), b"again");
+    assert_clean(&fs);
 }

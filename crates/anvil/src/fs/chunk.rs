@@ -86,6 +86,41 @@ pub(super) fn patches(
     tx.range_versions(obj, rtype::PATCH, lo, hi, usize::MAX)
 }
 
+/// Records as (key, value, create_tid), in key order.
+pub(super) type Versions = Vec<(u64, Value, u64)>;
+
+/// Live DATA records with keys `lo..=hi` (chunk end offsets) and the patches of those
+/// chunks. A read that runs to the file's end (`to_end`) from its first chunk takes both
+/// from one walk: no chunk lies past the last, and none before the first has patches that
+/// the span would gather. Any other read takes one walk each, so that a short read of a
+/// large file walks none of its other chunks.
+pub(super) fn data_and_patches(
+    tx: &Tx<'_>,
+    obj: u64,
+    (lo, hi): (u64, u64),
+    to_end: bool,
+) -> Step<(Versions, Versions)> {
+    let (first, last) = (lo / DATA_CHUNK_BYTES - 1, hi / DATA_CHUNK_BYTES - 1);
+    if !to_end || first > 0 {
+        let chunks = tx.range_versions(obj, rtype::DATA, lo, hi, usize::MAX)?;
+        return Ok((chunks, patches(tx, obj, first, last)?));
+    }
+    let (patch_lo, patch_hi) = patch::key_range(first, last);
+    let at = |rtype, key| LogicalKey { obj, rtype, key };
+    let mut chunks = Vec::new();
+    let mut patches = Vec::new();
+    for (lk, value, create_tid) in
+        tx.span(at(rtype::DATA, lo), at(rtype::PATCH, patch_hi), usize::MAX)?
+    {
+        match lk.rtype {
+            rtype::DATA if lk.key <= hi => chunks.push((lk.key, value, create_tid)),
+            rtype::PATCH if lk.key >= patch_lo => patches.push((lk.key, value, create_tid)),
+            _ => {}
+        }
+    }
+    Ok((chunks, patches))
+}
+
 /// Applies patches to a chunk's bytes, oldest first. `patches` holds (key, bytes,
 /// create_tid) of this chunk only.
 pub(crate) fn apply_patches(

@@ -15,7 +15,7 @@
 //! finds the files by walking the tree (and ranks them by their modification or access
 //! time, whichever is later), and clusters are known again as commits write them.
 
-use super::{dir_inode, find_entry, load_inode, unlink_entry, Attr, FileKind, Filesystem};
+use super::{dir_inode, find_entry_version, load_inode, unlink_entry, Attr, FileKind, Filesystem};
 use crate::error::{Error, Result};
 use crate::format::record::{inode_flags, kind, rtype, Timestamp, ROOT_OBJ};
 use crate::volume::Value;
@@ -245,7 +245,7 @@ impl Filesystem {
             if dir.flags & inode_flags::EVICTABLE == 0 || dir.nlink == 0 {
                 return Ok(None);
             }
-            let Some((slot, entry)) = find_entry(tx, parent, name)? else {
+            let Some((slot, entry, version)) = find_entry_version(tx, parent, name)? else {
                 return Ok(None);
             };
             if entry.child != ino || entry.kind != kind::FILE {
@@ -267,7 +267,7 @@ impl Filesystem {
                 }
             }
             let held = self.held_for_unlink(ino);
-            unlink_entry(tx, parent, slot, &entry, held)?;
+            unlink_entry(tx, parent, (slot, &entry, version), held)?;
             Ok(Some((bytes, held)))
         });
         match result {

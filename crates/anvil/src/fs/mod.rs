@@ -31,7 +31,7 @@ use crate::format::record::{
     DATA_CHUNK_BYTES, HASH_SLOTS, NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
 };
 use crate::format::{record::hash_slot_base, BLOCK_BYTES};
-use crate::volume::{Tx, Value, Volume, VolumeOptions};
+use crate::volume::{Found, Tx, Value, Volume, VolumeOptions};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
@@ -100,8 +100,19 @@ fn load_inode(tx: &Tx<'_>, obj: u64) -> Step<Inode> {
 /// is destroyed at commit instead of kept as history; data takes the object's codec.
 /// Directory entries follow their directory's settings.
 fn put(tx: &mut Tx<'_>, lk: LogicalKey, value: Option<Arc<Vec<u8>>>) -> Step<()> {
+    put_found(tx, lk, value, Found::Unknown)
+}
+
+/// `put` of a key a span of this operation covered (`found` says what it saw there), with
+/// no walk of the tree for the version it replaces.
+fn put_found(
+    tx: &mut Tx<'_>,
+    lk: LogicalKey,
+    value: Option<Arc<Vec<u8>>>,
+    found: Found,
+) -> Step<()> {
     let (nohistory, codec) = policy(tx, lk.obj)?;
-    tx.put_with(lk, value, nohistory, codec)
+    tx.put_found(lk, value, found, nohistory, codec)
 }
 
 /// What `put` takes from `obj`'s inode: whether its old versions are kept out of history
@@ -114,11 +125,15 @@ fn policy(tx: &Tx<'_>, obj: u64) -> Step<(bool, u8)> {
             None => None,
         },
     };
-    let nohistory = inode
-        .as_ref()
-        .is_some_and(|i| i.flags & inode_flags::NOHISTORY != 0);
-    let codec = inode.as_ref().map_or(compression::DEFAULT, Inode::codec);
-    Ok((nohistory, codec))
+    Ok(inode_policy(inode.as_ref()))
+}
+
+/// `policy` of an object whose inode (if any) is at hand.
+fn inode_policy(inode: Option<&Inode>) -> (bool, u8) {
+    inode.map_or((false, compression::DEFAULT), |inode| {
+        let policy = chunk::Policy::of(inode);
+        (policy.nohistory, policy.codec)
+    })
 }
 
 fn store_inode(tx: &mut Tx<'_>, obj: u64, inode: &Inode) -> Step<()> {
@@ -152,6 +167,9 @@ fn name_slots(tx: &Tx<'_>, obj: u64, rtype: u8, name: &[u8]) -> Step<Slots> {
     Ok((base, used))
 }
 
+/// A hashed record found by name: its slot, its bytes and its create_tid.
+type Hashed = (u64, Arc<Vec<u8>>, u64);
+
 /// Finds the hashed record (dirent or xattr) named `name` under `obj`.
 fn find_hashed(
     tx: &Tx<'_>,
@@ -159,11 +177,11 @@ fn find_hashed(
     rtype: u8,
     name: &[u8],
     name_of: impl Fn(&[u8]) -> Result<Vec<u8>>,
-) -> Step<Option<(u64, Arc<Vec<u8>>)>> {
-    for (slot, value, _) in name_slots(tx, obj, rtype, name)?.1 {
+) -> Step<Option<Hashed>> {
+    for (slot, value, create_tid) in name_slots(tx, obj, rtype, name)?.1 {
         let bytes = tx.resolve(&value)?;
         if name_of(&bytes)? == name {
-            return Ok(Some((slot, bytes)));
+            return Ok(Some((slot, bytes, create_tid)));
         }
     }
     Ok(None)
@@ -205,7 +223,13 @@ fn slot_for_new_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<u64> {
     first_free(base, used.iter().map(|(key, ..)| *key))
 }
 
+/// The entry named `name` in `dir`: its slot and what it says.
 fn find_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<Option<(u64, Dirent)>> {
+    Ok(find_entry_version(tx, dir, name)?.map(|(slot, entry, _)| (slot, entry)))
+}
+
+/// `find_entry` with the entry's create_tid, for removing it without another walk.
+fn find_entry_version(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<Option<(u64, Dirent, u64)>> {
     if name.len() > NAME_BYTES_MAX {
         return fail(libc::ENAMETOOLONG);
     }
@@ -213,7 +237,7 @@ fn find_entry(tx: &Tx<'_>, dir: u64, name: &[u8]) -> Step<Option<(u64, Dirent)>>
         Ok(Dirent::decode(bytes)?.name)
     })?;
     match found {
-        Some((slot, bytes)) => Ok(Some((slot, Dirent::decode(&bytes)?))),
+        Some((slot, bytes, create_tid)) => Ok(Some((slot, Dirent::decode(&bytes)?, create_tid))),
         None => Ok(None),
     }
 }
@@ -230,16 +254,78 @@ fn is_empty_dir(tx: &Tx<'_>, dir: u64) -> Step<bool> {
     Ok(tx.range(dir, rtype::DIRENT, 0, u64::MAX, 1)?.is_empty())
 }
 
+/// The records `destroy` deletes, at most this many from the walk that finds an object's
+/// inode (`ObjectRecords`); an object with more has the rest found when it is destroyed.
+const OBJECT_RECORDS_FIRST: usize = 64;
+
+/// An object's live records from its inode to its patches (the types between are
+/// directory entries, data, symlink targets and attributes), each with its create_tid, as
+/// one `span` gives them: the inode and, for most files, everything deleting it deletes.
+struct ObjectRecords {
+    obj: u64,
+    /// The inode's bytes and create_tid, if the object has one.
+    inode: Option<(Arc<Vec<u8>>, u64)>,
+    /// The records after the inode.
+    rest: Vec<(LogicalKey, Value, u64)>,
+    /// Whether `rest` holds every record after the inode, or only the first ones.
+    complete: bool,
+}
+
+impl ObjectRecords {
+    fn read(tx: &Tx<'_>, obj: u64, limit: usize) -> Step<ObjectRecords> {
+        let at = |rtype, key| LogicalKey { obj, rtype, key };
+        let mut rest = tx.span(at(rtype::INODE, 0), at(rtype::PATCH, u64::MAX), limit)?;
+        let complete = rest.len() < limit;
+        let inode = match rest.first() {
+            Some((lk, value, create_tid)) if lk.rtype == rtype::INODE => {
+                Some((tx.resolve(value)?, *create_tid))
+            }
+            _ => None,
+        };
+        if inode.is_some() {
+            rest.remove(0);
+        }
+        Ok(ObjectRecords {
+            obj,
+            inode,
+            rest,
+            complete,
+        })
+    }
+
+    fn inode(&self) -> Step<Inode> {
+        match &self.inode {
+            Some((bytes, _)) => Ok(Inode::decode(bytes)?),
+            None => fail(libc::ENOENT),
+        }
+    }
+}
+
 /// Deletes every record of an object (history keeps the versions).
 fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
-    // One walk over the object's records from its data to its patches (the types between
-    // are symlink targets, attributes and, on the volume object only, volume records).
-    let at = |rtype, key| LogicalKey { obj, rtype, key };
-    let records = tx.span(at(rtype::DATA, 0), at(rtype::PATCH, u64::MAX), usize::MAX)?;
-    // Every record goes as `put` would delete it, under the inode's settings (the inode
-    // goes last); the span gave each one's version, so none is walked to again.
-    let (nohistory, codec) = policy(tx, obj)?;
-    for (lk, _, create_tid) in records {
+    let records = ObjectRecords::read(tx, obj, usize::MAX)?;
+    destroy_records(tx, records, true)
+}
+
+/// `destroy` of the object `records` came from (this operation's span of it): every record
+/// goes as `put` would delete it, under the inode's settings, with no walk to find its
+/// version. `orphaned`: the object may have an orphan record (it was unlinked while open),
+/// which goes too.
+fn destroy_records(tx: &mut Tx<'_>, records: ObjectRecords, orphaned: bool) -> Step<()> {
+    let obj = records.obj;
+    let inode = match &records.inode {
+        Some((bytes, _)) => Some(Inode::decode(bytes)?),
+        None => None,
+    };
+    let (nohistory, codec) = inode_policy(inode.as_ref());
+    let rest = match records.complete {
+        true => records.rest,
+        false => {
+            let at = |rtype, key| LogicalKey { obj, rtype, key };
+            tx.span(at(rtype::DIRENT, 0), at(rtype::PATCH, u64::MAX), usize::MAX)?
+        }
+    };
+    for (lk, _, create_tid) in rest {
         if matches!(
             lk.rtype,
             rtype::DATA | rtype::PATCH | rtype::XATTR | rtype::SYMLINK
@@ -247,7 +333,12 @@ fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
             tx.delete_found(lk, create_tid, nohistory, codec)?;
         }
     }
-    put(tx, inode_key(obj), None)?;
+    if let Some((_, create_tid)) = records.inode {
+        tx.delete_found(inode_key(obj), create_tid, nohistory, codec)?;
+    }
+    if !orphaned {
+        return Ok(());
+    }
     put(
         tx,
         LogicalKey {
@@ -262,7 +353,16 @@ fn destroy(tx: &mut Tx<'_>, obj: u64) -> Step<()> {
 /// Drops one link to `obj`; destroys it when no link and no open handle remains.
 /// `is_open` says whether anything (the kernel, a library handle) still holds `obj`.
 fn drop_link(tx: &mut Tx<'_>, obj: u64, is_open: bool, now: Timestamp) -> Step<()> {
-    let mut inode = load_inode(tx, obj)?;
+    // An object nothing holds usually loses its last link here: one walk then finds the
+    // inode and what destroying it deletes.
+    let records = match is_open {
+        true => None,
+        false => Some(ObjectRecords::read(tx, obj, OBJECT_RECORDS_FIRST)?),
+    };
+    let mut inode = match &records {
+        Some(records) => records.inode()?,
+        None => load_inode(tx, obj)?,
+    };
     inode.nlink = if inode.is_dir() {
         0
     } else {
@@ -275,27 +375,44 @@ fn drop_link(tx: &mut Tx<'_>, obj: u64, is_open: bool, now: Timestamp) -> Step<(
         })?
     };
     inode.ctime = now;
-    if inode.nlink > 0 {
-        return store_inode(tx, obj, &inode);
-    }
-    if is_open {
-        store_inode(tx, obj, &inode)?;
-        let orphan = LogicalKey {
-            obj: VOLUME_OBJ,
-            rtype: rtype::ORPHAN,
-            key: obj,
-        };
-        return put(tx, orphan, Some(Arc::new(Vec::new())));
-    }
-    destroy(tx, obj)
+    let records = match records {
+        Some(records) if inode.nlink == 0 => records,
+        Some(records) => {
+            // Another link remains: the inode changes where the walk found it.
+            let (nohistory, codec) = inode_policy(Some(&inode));
+            let found = records
+                .inode
+                .map_or(Found::Absent, |(_, tid)| Found::Live(tid));
+            let bytes = Some(Arc::new(inode.encode()));
+            return tx.put_found(inode_key(obj), bytes, found, nohistory, codec);
+        }
+        None if inode.nlink > 0 => return store_inode(tx, obj, &inode),
+        None => {
+            store_inode(tx, obj, &inode)?;
+            let orphan = LogicalKey {
+                obj: VOLUME_OBJ,
+                rtype: rtype::ORPHAN,
+                key: obj,
+            };
+            return put(tx, orphan, Some(Arc::new(Vec::new())));
+        }
+    };
+    // Unlinked while nothing held it: it was never an orphan.
+    destroy_records(tx, records, false)
 }
 
 /// Removes entry `slot` of `parent` (naming `entry`) and drops the link it held: what
 /// unlink(2), rmdir(2) and eviction share. `held`: something still holds the object.
-fn unlink_entry(tx: &mut Tx<'_>, parent: u64, slot: u64, entry: &Dirent, held: bool) -> Step<()> {
+/// `version` is the entry's create_tid, as `find_entry_version` gave it.
+fn unlink_entry(
+    tx: &mut Tx<'_>,
+    parent: u64,
+    (slot, entry, version): (u64, &Dirent, u64),
+    held: bool,
+) -> Step<()> {
     let now = Timestamp::now();
     let dir_links = if entry.kind == kind::DIR { -1 } else { 0 };
-    put(tx, dirent_key(parent, slot), None)?;
+    put_found(tx, dirent_key(parent, slot), None, Found::Live(version))?;
     touch_dir(tx, parent, -1, dir_links, now)?;
     drop_link(tx, entry.child, held, now)
 }
@@ -857,7 +974,13 @@ impl Filesystem {
                 kind: mode & kind::MASK,
                 name: name.to_vec(),
             };
-            put(tx, dirent_key(parent, slot), Some(Arc::new(entry.encode())))?;
+            // The slot is one the span of `slot_for_new_entry` found free.
+            put_found(
+                tx,
+                dirent_key(parent, slot),
+                Some(Arc::new(entry.encode())),
+                Found::Absent,
+            )?;
             touch_dir(tx, parent, 1, if is_dir { 1 } else { 0 }, now)?;
             Ok(Attr::from_inode(obj, &inode))
         })?;
@@ -919,7 +1042,7 @@ impl Filesystem {
         }
         let child = self.volume.run(true, |tx| {
             dir_inode(tx, parent)?;
-            let Some((slot, entry)) = find_entry(tx, parent, name)? else {
+            let Some((slot, entry, version)) = find_entry_version(tx, parent, name)? else {
                 return fail(libc::ENOENT);
             };
             let is_dir = entry.kind == kind::DIR;
@@ -932,7 +1055,8 @@ impl Filesystem {
             if is_dir && !is_empty_dir(tx, entry.child)? {
                 return fail(libc::ENOTEMPTY);
             }
-            unlink_entry(tx, parent, slot, &entry, self.held_for_unlink(entry.child))?;
+            let held = self.held_for_unlink(entry.child);
+            unlink_entry(tx, parent, (slot, &entry, version), held)?;
             Ok(entry.child)
         })?;
         if self.evicting.load(Ordering::Relaxed) {
@@ -1106,13 +1230,8 @@ impl Filesystem {
             let end = inode.size.min(offset.saturating_add(size as u64));
             let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
             let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
-            let chunks = tx.range_versions(ino, rtype::DATA, lo, hi, usize::MAX)?;
-            let patches = chunk::patches(
-                tx,
-                ino,
-                lo / DATA_CHUNK_BYTES - 1,
-                hi / DATA_CHUNK_BYTES - 1,
-            )?;
+            let to_end = end == inode.size;
+            let (chunks, patches) = chunk::data_and_patches(tx, ino, (lo, hi), to_end)?;
             Ok((inode.size, chunks, patches, tx.root()))
         })?;
         let end = file_size.min(offset.saturating_add(size as u64));
@@ -1645,17 +1764,17 @@ impl Filesystem {
             let mut inode = load_inode(tx, ino)?;
             let existing =
                 find_hashed(tx, ino, rtype::XATTR, name, |b| Ok(Xattr::decode(b)?.name))?;
-            let slot = match (existing, create, replace) {
+            let (slot, found) = match (existing, create, replace) {
                 (Some(_), true, _) => return fail(libc::EEXIST),
                 (None, _, true) => return fail(libc::ENODATA),
-                (Some((slot, _)), _, _) => slot,
-                (None, _, _) => free_slot(tx, ino, rtype::XATTR, name)?,
+                (Some((slot, _, create_tid)), _, _) => (slot, Found::Live(create_tid)),
+                (None, _, _) => (free_slot(tx, ino, rtype::XATTR, name)?, Found::Absent),
             };
             let record = Xattr {
                 name: name.to_vec(),
                 value: value.to_vec(),
             };
-            put(
+            put_found(
                 tx,
                 LogicalKey {
                     obj: ino,
@@ -1663,6 +1782,7 @@ impl Filesystem {
                     key: slot,
                 },
                 Some(Arc::new(record.encode())),
+                found,
             )?;
             inode.ctime = Timestamp::now();
             store_inode(tx, ino, &inode)
@@ -1673,7 +1793,7 @@ impl Filesystem {
         self.volume.run(false, |tx| {
             load_inode(tx, ino)?;
             match find_hashed(tx, ino, rtype::XATTR, name, |b| Ok(Xattr::decode(b)?.name))? {
-                Some((_, bytes)) => Ok(Xattr::decode(&bytes)?.value),
+                Some((_, bytes, _)) => Ok(Xattr::decode(&bytes)?.value),
                 None => fail(libc::ENODATA),
             }
         })
@@ -1694,8 +1814,8 @@ impl Filesystem {
         self.volume.run(true, |tx| {
             let mut inode = load_inode(tx, ino)?;
             match find_hashed(tx, ino, rtype::XATTR, name, |b| Ok(Xattr::decode(b)?.name))? {
-                Some((slot, _)) => {
-                    put(
+                Some((slot, _, create_tid)) => {
+                    put_found(
                         tx,
                         LogicalKey {
                             obj: ino,
@@ -1703,6 +1823,7 @@ impl Filesystem {
                             key: slot,
                         },
                         None,
+                        Found::Live(create_tid),
                     )?;
                     inode.ctime = Timestamp::now();
                     store_inode(tx, ino, &inode)

@@ -21,7 +21,7 @@ mod tx;
 pub use extent::{decode_extent, encode_extent};
 pub use mirror::{MirrorReport, MirrorState, PRUNED_KEY};
 pub use overlay::{Dirty, Overlay, Pending, Value};
-pub use tx::Tx;
+pub use tx::{Found, Tx};
 
 use crate::btree::commit::{apply, CommitContext, Mutation};
 use crate::btree::{self, Loader, Need, Root, Stop};

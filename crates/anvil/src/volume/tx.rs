@@ -10,6 +10,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
+/// What an operation already knows of a key's live version, from a `span` (or
+/// `range_versions`) of its own that covered the key. A put told so takes no walk of the
+/// tree for the version it replaces; a record a pending layer holds is found there again,
+/// whatever this says, so only the committed tree's answer is taken from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Not looked for: the put walks the tree.
+    Unknown,
+    /// The span saw no live record at the key.
+    Absent,
+    /// The span gave the live record with this create_tid.
+    Live(u64),
+}
+
 pub struct Tx<'a> {
     volume: &'a Volume,
     state: &'a mut State,
@@ -211,7 +225,21 @@ impl<'a> Tx<'a> {
         nohistory: bool,
         codec: u8,
     ) -> Step<()> {
-        self.put_found(lk, None, nohistory, codec, Some(create_tid))
+        self.put_found(lk, None, Found::Live(create_tid), nohistory, codec)
+    }
+
+    /// `put_with` of a key a `span` (or `range_versions`) of this operation just covered:
+    /// `found` says what it saw there, so the put takes no walk of the tree for the version
+    /// it replaces.
+    pub fn put_found(
+        &mut self,
+        lk: LogicalKey,
+        value: Option<Arc<Vec<u8>>>,
+        found: Found,
+        nohistory: bool,
+        codec: u8,
+    ) -> Step<()> {
+        self.put_known(lk, value.map(Value::Bytes), nohistory, codec, found)
     }
 
     fn put_value(
@@ -221,18 +249,17 @@ impl<'a> Tx<'a> {
         nohistory: bool,
         codec: u8,
     ) -> Step<()> {
-        self.put_found(lk, value, nohistory, codec, None)
+        self.put_known(lk, value, nohistory, codec, Found::Unknown)
     }
 
-    /// `put_value`; `in_tree`, when known, is the create_tid of `lk`'s live version in the
-    /// committed tree.
-    fn put_found(
+    /// `put_value`, told what a span saw at `lk` (`Found::Unknown`: nothing).
+    fn put_known(
         &mut self,
         lk: LogicalKey,
         value: Option<Value>,
         nohistory: bool,
         codec: u8,
-        in_tree: Option<u64>,
+        found: Found,
     ) -> Step<()> {
         let (replaces, existed) = match self.pending(&lk) {
             Some((pending, None)) => (pending.replaces, pending.value.is_some()),
@@ -243,9 +270,10 @@ impl<'a> Tx<'a> {
                     (0, false)
                 }
             }
-            None => match in_tree {
-                Some(create_tid) => (create_tid, true),
-                None => match self.tree_live(lk)? {
+            None => match found {
+                Found::Live(create_tid) => (create_tid, true),
+                Found::Absent => (0, false),
+                Found::Unknown => match self.tree_live(lk)? {
                     Some((create_tid, _)) => (create_tid, true),
                     None => (0, false),
                 },
