@@ -420,6 +420,20 @@ fn creates_unlinks_and_whole_reads_reuse_what_their_walks_found() {
         walks, 2,
         "the name's slots, then the inode with its records"
     );
+    // Held: the inode stays, as an orphan (no walk for an orphan record it cannot have),
+    // which cannot be linked again.
+    let f8 = fs.lookup(dir, b"f8").unwrap().ino;
+    fs.open_handle(f8).unwrap();
+    let walks = lookups_of(&fs, || fs.unlink(dir, b"f8").unwrap());
+    assert_eq!(
+        walks, 1,
+        "the name's slots (the lookup's inode is remembered)"
+    );
+    let relinked = fs.link(f8, dir, b"f8-again").unwrap_err();
+    assert_eq!(relinked.errno(), libc::ENOENT, "{relinked}");
+    assert_eq!(fs.read(f8, 0, 100).unwrap(), b"file 8");
+    fs.release_handle(f8).unwrap();
+    assert!(fs.getattr(f8).is_err(), "destroyed with its last handle");
     fs.unlink(dir, b"big").unwrap();
     fs.unlink(dir, b"f1").unwrap();
     assert_eq!(fs.read_file("/d/f1-link").unwrap(), b"file 1");
@@ -447,6 +461,7 @@ fn creates_unlinks_and_whole_reads_reuse_what_their_walks_found() {
     assert_eq!(old.read_file("/d/big").unwrap(), big);
     assert_eq!(old.read_file("/d/f7").unwrap(), b"file 7");
     assert_eq!(old.read_file("/d/f9").unwrap(), b"file 9");
+    assert_eq!(old.read_file("/d/f8").unwrap(), b"file 8");
     assert_eq!(old.read_file("/d/f1").unwrap(), b"file 1");
     assert_eq!(old.read_file("/d/patched").unwrap(), patched);
     assert_eq!(

@@ -394,10 +394,12 @@ fn drop_link(tx: &mut Tx<'_>, obj: u64, is_open: bool, now: Timestamp) -> Step<(
                 rtype: rtype::ORPHAN,
                 key: obj,
             };
-            return put(tx, orphan, Some(Arc::new(Vec::new())));
+            // It had a link until now, so it has no orphan record yet (`link` does not
+            // link an orphan).
+            return put_found(tx, orphan, Some(Arc::new(Vec::new())), Found::Absent);
         }
     };
-    // Unlinked while nothing held it: it was never an orphan.
+    // It had a link until now and nothing holds it: it was never an orphan.
     destroy_records(tx, records, false)
 }
 
@@ -994,6 +996,11 @@ impl Filesystem {
             let mut inode = load_inode(tx, ino)?;
             if inode.is_dir() {
                 return fail(libc::EPERM);
+            }
+            // An object unlinked while open stays unlinked, as on Linux (no O_TMPFILE here):
+            // so an object with a link never has an orphan record (`drop_link`).
+            if inode.nlink == 0 {
+                return fail(libc::ENOENT);
             }
             if inode.nlink >= LINKS_MAX {
                 return fail(libc::EMLINK);
