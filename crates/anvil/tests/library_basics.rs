@@ -2,6 +2,7 @@
 //! delete, reopen, and read as of an earlier TID.
 
 use anvil::device::{Device, MemDevice};
+use anvil::format::record::LogicalKey;
 use anvil::fs::Caller;
 use anvil::{Filesystem, MountOptions};
 use std::sync::Arc;
@@ -449,6 +450,23 @@ fn creates_unlinks_and_whole_reads_reuse_what_their_walks_found() {
     let now = fs.sync().unwrap();
     assert!(fs.resolve("/d/big").is_err());
     assert!(fs.getattr(big_ino).is_err(), "destroyed with its last link");
+    // Every record of it went, also those past the first span's 64.
+    let at = |rtype, key| LogicalKey {
+        obj: big_ino,
+        rtype,
+        key,
+    };
+    let volume = fs.volume();
+    let left = volume
+        .range_at(
+            &volume.root(),
+            now,
+            at(0, 0),
+            at(u8::MAX, u64::MAX),
+            usize::MAX,
+        )
+        .unwrap();
+    assert!(left.is_empty(), "{} records left", left.len());
     assert_eq!(fs.read_file("/d/new").unwrap(), b"again");
     assert_eq!(fs.read_file("/d/f9").unwrap(), b"nine");
     assert_eq!(fs.read_file("/d/f1-link").unwrap(), b"file 1");
