@@ -25,6 +25,8 @@ pub(crate) const READY_ENV: &str = "ANVIL_DAEMON_READY";
 struct Config {
     mount: MountOptions,
     ttl: Duration,
+    /// How long a missing name stays known missing (`negative_ttl_ms`; the TTL unless set).
+    negative_ttl: Option<Duration>,
     /// Worker threads (`threads=N`); unset, each transport's default.
     threads: Option<usize>,
     writeback: bool,
@@ -76,6 +78,7 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
     let mut config = Config {
         mount: MountOptions::default(),
         ttl: Duration::from_secs(10),
+        negative_ttl: None,
         threads: None,
         writeback: false,
         as_of: None,
@@ -127,6 +130,9 @@ fn parse_options(options: &[String]) -> Result<Config, String> {
             }
             "commit_interval_ms" => config.mount.commit_interval_ms = number(value)?.max(1),
             "ttl_ms" => config.ttl = Duration::from_millis(number(value)?),
+            "negative_ttl_ms" => {
+                config.negative_ttl = Some(Duration::from_millis(number(value)?));
+            }
             "follow_ms" => config.follow = Duration::from_millis(number(value)?.max(10)),
             "cache_dir" => {
                 let dir = value.filter(|v| !v.is_empty());
@@ -519,7 +525,8 @@ fn serve(
         );
         config.writeback = false;
     }
-    let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback);
+    let mut adapter = AnvilFuse::new(fs.clone(), config.ttl, config.writeback)
+        .with_negative_ttl(config.negative_ttl.unwrap_or(config.ttl));
     if resume.is_some() {
         adapter = adapter.resumed();
     }
@@ -585,6 +592,14 @@ fn serve_backend<B: Backend>(
 ) -> Result<std::io::Result<()>, String> {
     let root = unsafe { libc::geteuid() } == 0;
     let announce = || announce_ready(fs_name, dir);
+    // Workers under SCHED_IDLE are raised while other programs keep the CPUs busy; held
+    // until the session ends.
+    let _guard = match config.idle_workers {
+        true => anvil_fuse::sched::guard()
+            .map_err(|e| log::warn!("workers stay under SCHED_IDLE on busy CPUs: {e}"))
+            .ok(),
+        false => None,
+    };
     // Resolved now: once mounted, resolving the path would ask the daemon (and after a
     // takeover nothing would answer yet; the setting stays from the first daemon).
     let taking_over = resume.is_some();

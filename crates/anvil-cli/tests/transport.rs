@@ -1,6 +1,7 @@
 //! Both transports serve the mount, say which one they are, and a small file costs only
 //! the round trips it must: no OPEN, RELEASE or FLUSH per file, and no
-//! `security.capability` lookup before every write (FUSE_HANDLE_KILLPRIV_V2).
+//! `security.capability` lookup before every write (FUSE_HANDLE_KILLPRIV_V2), and a missing
+//! name is asked for once.
 
 mod common;
 
@@ -71,6 +72,30 @@ fn round_trips(transport: &str) {
         std::fs::read(mount.path().join("f3")).unwrap(),
         vec![7u8; 4096]
     );
+
+    // A missing name is asked for once and then known missing (a negative entry); the
+    // kernel replaces that entry itself when the name is created or renamed onto.
+    let (missing, renamed) = (mount.path().join("missing"), mount.path().join("renamed"));
+    stats(mount.path());
+    for _ in 0..5 {
+        assert!(std::fs::metadata(&missing).is_err());
+        assert!(std::fs::metadata(&renamed).is_err());
+    }
+    let s = stats(mount.path());
+    assert_eq!(count(&s, "LOOKUP"), 2, "{s}");
+    std::fs::write(&missing, b"here").unwrap();
+    assert_eq!(std::fs::read(&missing).unwrap(), b"here");
+    std::fs::rename(&missing, &renamed).unwrap();
+    assert!(std::fs::metadata(&missing).is_err());
+    assert_eq!(std::fs::read(&renamed).unwrap(), b"here");
+    // A view's name may come to exist without a request (its TID, time or snapshot label
+    // does): never known missing.
+    let view = mount.path().join("f1@@no-such-label");
+    stats(mount.path());
+    for _ in 0..3 {
+        assert!(std::fs::metadata(&view).is_err());
+    }
+    assert_eq!(count(&stats(mount.path()), "LOOKUP"), 3);
     mount.unmount();
 }
 

@@ -118,6 +118,27 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: node 0, nothing else read.
+fn missing_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
@@ -164,7 +185,14 @@ impl<B: Backend> fuser::Filesystem for Classic<B> {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.0.counters().count(Op::Lookup);
-        self.entry(reply, self.0.lookup(parent.0, name.as_bytes()));
+        match self.0.lookup(parent.0, name.as_bytes()) {
+            // A negative entry: node 0, remembered for the timeout.
+            Err(libc::ENOENT) => match self.0.negative_ttl(parent.0, name.as_bytes()) {
+                ttl if ttl.is_zero() => reply.error(Errno::ENOENT),
+                ttl => reply.entry(&ttl, &missing_attr(), Generation(0)),
+            },
+            found => self.entry(reply, found),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

@@ -30,6 +30,7 @@ mod counters;
 pub mod devfuse;
 pub mod memfs;
 pub mod mirror;
+pub mod sched;
 pub mod uring;
 mod views;
 
@@ -42,7 +43,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use views::{is_view, Target, Views};
+use views::{is_view, Target, Views, AS_OF_SEPARATOR, SNAPDIR_INO};
 
 pub use fuser;
 
@@ -185,6 +186,12 @@ pub trait Backend: Send + Sync + 'static {
     fn set_notifier(&self, notifier: Notifier);
     /// Entry and attribute TTL given to the kernel.
     fn ttl(&self) -> Duration;
+    /// How long the kernel may remember that `name` is missing from `parent` (a LOOKUP
+    /// answered "no such entry" with a timeout, FUSE's negative entry); zero: it asks again
+    /// every time. Only names nothing but a request through the kernel can create may be
+    /// remembered missing: the kernel replaces a negative entry itself when it creates,
+    /// renames or links the name.
+    fn negative_ttl(&self, parent: u64, name: &[u8]) -> Duration;
     /// Whether the kernel caches writes (FUSE_WRITEBACK_CACHE).
     fn writeback(&self) -> bool;
     /// LOOKUP; every entry reply gives the kernel one reference, dropped by FORGET.
@@ -234,6 +241,8 @@ pub trait Backend: Send + Sync + 'static {
 pub struct AnvilFuse {
     fs: Arc<Filesystem>,
     ttl: Duration,
+    /// How long a missing name may stay known missing (`negative_ttl`).
+    negative_ttl: Duration,
     writeback: bool,
     /// Kernel lookup counts. The kernel keeps a reference for every open file, so an object
     /// unlinked while known to the kernel lives (as an orphan) until its count drops to 0.
@@ -301,6 +310,7 @@ impl AnvilFuse {
         AnvilFuse {
             fs,
             ttl,
+            negative_ttl: ttl,
             writeback,
             lookups: Arc::new(Mutex::new(HashMap::new())),
             views: Views::default(),
@@ -335,6 +345,12 @@ impl AnvilFuse {
                 self.remember(attr.ino);
             }
         }
+    }
+
+    /// How long the kernel may remember a name as missing (the entry TTL unless set).
+    pub fn with_negative_ttl(mut self, ttl: Duration) -> AnvilFuse {
+        self.negative_ttl = ttl;
+        self
     }
 
     /// Serves the volume as of `tid` (read-only) instead of its current state.
@@ -639,6 +655,23 @@ impl Backend for AnvilFuse {
         match self.replica || self.fs.volume().is_slave() {
             true => self.ttl.min(Duration::from_secs(1)),
             false => self.ttl,
+        }
+    }
+
+    /// Names appear under the kernel on a replica or a mirror slave (its writer's commits),
+    /// in `.snapshots` (a snapshot taken through a control attribute) and as `name@@spec`
+    /// (a spec that resolves once its TID, time or label exists): those are never
+    /// remembered missing. Everywhere else a name appears only through a request, so a
+    /// missing one is remembered as long as a found one.
+    fn negative_ttl(&self, parent: u64, name: &[u8]) -> Duration {
+        let changes_under_kernel = self.replica || self.fs.volume().is_slave();
+        let view_name = parent == SNAPDIR_INO
+            || name
+                .windows(AS_OF_SEPARATOR.len())
+                .any(|w| w == AS_OF_SEPARATOR.as_bytes());
+        match changes_under_kernel || view_name {
+            true => Duration::ZERO,
+            false => self.negative_ttl,
         }
     }
 

@@ -219,6 +219,11 @@ impl Backend for MemFs {
         self.ttl
     }
 
+    /// Every name appears through a request.
+    fn negative_ttl(&self, _parent: u64, _name: &[u8]) -> Duration {
+        self.ttl
+    }
+
     fn writeback(&self) -> bool {
         self.writeback
     }

@@ -721,7 +721,18 @@ impl<B: Backend> Uring<B> {
 impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
     async fn lookup(&self, _req: Request, parent: InodeId, name: &OsStr) -> FsResult<ReplyEntry> {
         self.count(Op::Lookup);
-        self.entry(self.0.lookup(parent.0, name.as_bytes()))
+        match self.0.lookup(parent.0, name.as_bytes()) {
+            // A negative entry: node 0, remembered for the timeout.
+            Err(libc::ENOENT) => match self.0.negative_ttl(parent.0, name.as_bytes()) {
+                ttl if ttl.is_zero() => Err(libc::ENOENT),
+                ttl => Ok(ReplyEntry {
+                    ttl,
+                    attr: FileAttr::default(),
+                    generation: 0,
+                }),
+            },
+            found => self.entry(found),
+        }
     }
 
     fn forget(&self, _req: Request, inode: InodeId, nlookup: u64) {
