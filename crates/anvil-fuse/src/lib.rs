@@ -985,8 +985,8 @@ impl Backend for AnvilFuse {
     }
 }
 
-/// Puts the calling thread under SCHED_IDLE (or back under SCHED_OTHER); threads it
-/// creates inherit the policy. For the daemon's request workers (`-o worker_sched=idle`,
+/// Puts the calling thread under SCHED_IDLE (or back under SCHED_OTHER) at the daemon's
+/// nice value; threads it creates inherit the policy. For the daemon's request workers (`-o worker_sched=idle`,
 /// the default).
 ///
 /// Why: a reply wakes the caller from the worker's CPU. While the worker counts as
@@ -1009,6 +1009,11 @@ pub fn set_idle_policy(idle: bool) {
             "cannot set the workers' scheduling policy: {}",
             std::io::Error::last_os_error()
         );
+    }
+    // A thread started by a worker the guard raised inherited its nice -10.
+    if let Some(nice) = sched::base_nice() {
+        // SAFETY: setpriority on the calling thread (PRIO_PROCESS 0 is this thread on Linux).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
     }
 }
 

@@ -16,6 +16,7 @@
 //! them raised (read-ahead threads start under SCHED_IDLE) are raised at its next look.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -32,6 +33,16 @@ const QUIET: f64 = 0.75;
 const QUIET_WINDOWS: u32 = 10;
 /// The nice value of raised workers.
 const RAISED_NICE: i32 = -10;
+
+/// The nice value of the thread that started the guard (the daemon's own), which a thread
+/// that sets its policy takes back: one started by a raised worker inherits nice -10, and a
+/// mirror job that leaves the workers' SCHED_IDLE for SCHED_OTHER must not keep it.
+static BASE_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
+
+/// The daemon's nice value once a guard runs.
+pub(crate) fn base_nice() -> Option<i32> {
+    Some(BASE_NICE.load(Ordering::Relaxed)).filter(|&n| n != i32::MIN)
+}
 
 /// The running guard; stops when dropped.
 pub struct Guard {
@@ -52,6 +63,10 @@ impl Drop for Guard {
 
 /// Starts the guard over this process's threads.
 pub fn guard() -> std::io::Result<Guard> {
+    // SAFETY: gettid has no preconditions.
+    if let Ok(nice) = thread_nice(unsafe { libc::gettid() }) {
+        BASE_NICE.store(nice, Ordering::Relaxed);
+    }
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
     let stopping = stop.clone();
     let handle = std::thread::Builder::new()
@@ -276,6 +291,34 @@ mod tests {
         assert_eq!(parse_cpu_line("cpu  1 2"), None);
         assert!((busy_share((160, 1000), (250, 1100)) - 0.9).abs() < 1e-9);
         assert!(busy_share((5, 5), (5, 5)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_thread_leaving_the_workers_policy_takes_the_daemons_nice() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!(
+                "SKIPPED: a_thread_leaving_the_workers_policy_takes_the_daemons_nice: raising \
+                 a thread's priority needs root"
+            );
+            return;
+        }
+        // SAFETY: gettid has no preconditions.
+        let base = thread_nice(unsafe { libc::gettid() }).unwrap();
+        BASE_NICE.store(base, Ordering::Relaxed);
+        let worker = std::thread::spawn(|| {
+            // SAFETY: as above.
+            set_nice(unsafe { libc::gettid() }, RAISED_NICE).unwrap();
+            let started = std::thread::spawn(|| {
+                // SAFETY: as above.
+                let inherited = thread_nice(unsafe { libc::gettid() }).unwrap();
+                crate::set_idle_policy(false);
+                // SAFETY: as above.
+                (inherited, thread_nice(unsafe { libc::gettid() }).unwrap())
+            });
+            started.join().unwrap()
+        });
+        assert_eq!(worker.join().unwrap(), (RAISED_NICE, base));
     }
 
     #[test]
