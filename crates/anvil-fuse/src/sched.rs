@@ -109,8 +109,8 @@ impl Judge {
 fn watch(stop: &(Mutex<bool>, Condvar)) {
     let mut judge = Judge::default();
     let mut last = cpu_times();
-    // Threads raised, by id, with the nice value they had.
-    let mut raised: HashMap<i32, i32> = HashMap::new();
+    // Threads raised, by id, with the nice value they had and the one they were given.
+    let mut raised: HashMap<i32, (i32, i32)> = HashMap::new();
     let mut nice = RAISED_NICE;
     loop {
         {
@@ -130,11 +130,15 @@ fn watch(stop: &(Mutex<bool>, Condvar)) {
         };
         last = now;
         if judge.window(busy_share(before, after)) {
-            for tid in idle_threads() {
+            // Forget threads that ended, so that an id the kernel gives again is never
+            // taken for one raised here.
+            let live = threads();
+            raised.retain(|tid, _| live.contains(tid));
+            for tid in live.into_iter().filter(|&tid| is_idle(tid)) {
                 if let std::collections::hash_map::Entry::Vacant(slot) = raised.entry(tid) {
                     match raise(tid, nice) {
                         Ok(old) => {
-                            slot.insert(old);
+                            slot.insert((old, nice));
                         }
                         Err(e) if nice < 0 && e.raw_os_error() == Some(libc::EACCES) => {
                             log::info!("workers raised at nice 0 only: {e}");
@@ -149,13 +153,13 @@ fn watch(stop: &(Mutex<bool>, Condvar)) {
                 "CPUs quiet again: {} threads back under SCHED_IDLE",
                 raised.len()
             );
-            for (tid, old_nice) in raised.drain() {
-                lower(tid, old_nice);
+            for (tid, (old, given)) in raised.drain() {
+                lower(tid, old, given);
             }
         }
     }
-    for (tid, old_nice) in raised {
-        lower(tid, old_nice);
+    for (tid, (old, given)) in raised {
+        lower(tid, old, given);
     }
 }
 
@@ -195,16 +199,19 @@ fn busy_share(before: (u64, u64), after: (u64, u64)) -> f64 {
     share
 }
 
-/// This process's threads under SCHED_IDLE.
-fn idle_threads() -> Vec<i32> {
+/// This process's threads.
+fn threads() -> std::collections::HashSet<i32> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
+        return std::collections::HashSet::new();
     };
     tasks
         .filter_map(|t| t.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        // SAFETY: a query of a thread by id; an id that is gone gives -1.
-        .filter(|&tid| unsafe { libc::sched_getscheduler(tid) } == libc::SCHED_IDLE)
         .collect()
+}
+
+fn is_idle(tid: i32) -> bool {
+    // SAFETY: a query of a thread by id; an id that is gone gives -1.
+    unsafe { libc::sched_getscheduler(tid) == libc::SCHED_IDLE }
 }
 
 /// Moves thread `tid` from SCHED_IDLE to SCHED_OTHER at `nice`; returns the nice value it
@@ -217,10 +224,11 @@ fn raise(tid: i32, nice: i32) -> std::io::Result<i32> {
 }
 
 /// Puts a raised thread back under SCHED_IDLE with its old nice value, unless it changed
-/// its policy itself meanwhile (or is gone).
-fn lower(tid: i32, old_nice: i32) {
+/// its policy or nice value itself meanwhile (or is gone).
+fn lower(tid: i32, old_nice: i32, given_nice: i32) {
     // SAFETY: a query of a thread by id; an id that is gone gives -1.
-    if unsafe { libc::sched_getscheduler(tid) } != libc::SCHED_OTHER {
+    let policy = unsafe { libc::sched_getscheduler(tid) };
+    if policy != libc::SCHED_OTHER || thread_nice(tid).ok() != Some(given_nice) {
         return;
     }
     let _ = set_policy(tid, libc::SCHED_IDLE);
@@ -332,13 +340,16 @@ mod tests {
             done_rx.recv().unwrap();
         });
         let tid = rx.recv().unwrap();
-        assert!(idle_threads().contains(&tid));
+        assert!(threads().contains(&tid) && is_idle(tid));
         let old = raise(tid, 0).unwrap();
         // SAFETY: a query of a live thread.
         assert_eq!(unsafe { libc::sched_getscheduler(tid) }, libc::SCHED_OTHER);
-        assert!(!idle_threads().contains(&tid));
-        lower(tid, old);
-        assert!(idle_threads().contains(&tid));
+        assert!(!is_idle(tid));
+        // A thread whose nice value is not the one it was given is not the raised one.
+        lower(tid, old, 5);
+        assert!(!is_idle(tid));
+        lower(tid, old, 0);
+        assert!(is_idle(tid));
         done_tx.send(()).unwrap();
         worker.join().unwrap();
     }
