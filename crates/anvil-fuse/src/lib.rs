@@ -265,13 +265,49 @@ pub struct AnvilFuse {
     replica: bool,
 }
 
-/// A replica's follower (`AnvilFuse::follow_every`): stops when dropped.
-pub struct Follower {
+/// A thread that runs a task every interval until it is dropped (the drop waits for it to
+/// end): a replica's follower (`AnvilFuse::follow_every`), the workers' guard (`sched`).
+pub struct Periodic {
     stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Drop for Follower {
+/// A replica's follower (`AnvilFuse::follow_every`): stops when dropped.
+pub type Follower = Periodic;
+
+impl Periodic {
+    /// Starts thread `name`, which calls `tick` every `interval` (first after one interval)
+    /// and drops it when stopped.
+    pub fn spawn(
+        name: &str,
+        interval: Duration,
+        mut tick: impl FnMut() + Send + 'static,
+    ) -> std::io::Result<Periodic> {
+        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let stopping = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || loop {
+                {
+                    let (lock, wake) = &*stopping;
+                    let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    let (stopped, _) = wake
+                        .wait_timeout_while(stopped, interval, |s| !*s)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *stopped {
+                        return;
+                    }
+                }
+                tick();
+            })?;
+        Ok(Periodic {
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for Periodic {
     fn drop(&mut self) {
         let (lock, wake) = &*self.stop;
         *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
@@ -364,35 +400,15 @@ impl AnvilFuse {
     /// drops what the kernel caches of every object it knows (names expire within the
     /// replica's short TTL).
     pub fn follow_every(&self, interval: Duration) -> std::io::Result<Follower> {
-        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
         let (fs, lookups, notifier) =
             (self.fs.clone(), self.lookups.clone(), self.notifier.clone());
-        let stopping = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("anvil-follow".into())
-            .spawn(move || loop {
-                {
-                    let (lock, wake) = &*stopping;
-                    let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
-                    let (stopped, _) = wake
-                        .wait_timeout_while(stopped, interval, |s| !*s)
-                        .unwrap_or_else(|e| e.into_inner());
-                    if *stopped {
-                        return;
-                    }
-                }
-                match fs.follow() {
-                    Ok(Some(tid)) => {
-                        log::debug!("replica at TID {tid:#x}");
-                        mirror::forget_cached_tree(&lookups, &notifier);
-                    }
-                    Ok(None) => {}
-                    Err(e) => log::warn!("replica cannot follow its writer yet: {e}"),
-                }
-            })?;
-        Ok(Follower {
-            stop,
-            handle: Some(handle),
+        Periodic::spawn("anvil-follow", interval, move || match fs.follow() {
+            Ok(Some(tid)) => {
+                log::debug!("replica at TID {tid:#x}");
+                mirror::forget_cached_tree(&lookups, &notifier);
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("replica cannot follow its writer yet: {e}"),
         })
     }
 

@@ -17,8 +17,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How often the guard looks.
@@ -44,22 +42,8 @@ pub(crate) fn base_nice() -> Option<i32> {
     Some(BASE_NICE.load(Ordering::Relaxed)).filter(|&n| n != i32::MIN)
 }
 
-/// The running guard; stops when dropped.
-pub struct Guard {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    handle: Option<JoinHandle<()>>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let (lock, wake) = &*self.stop;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        wake.notify_all();
-        if let Some(handle) = self.handle.take() {
-            let _ = handle.join();
-        }
-    }
-}
+/// The running guard; stops when dropped, and puts back under SCHED_IDLE what it raised.
+pub type Guard = crate::Periodic;
 
 /// Starts the guard over this process's threads.
 pub fn guard() -> std::io::Result<Guard> {
@@ -67,15 +51,13 @@ pub fn guard() -> std::io::Result<Guard> {
     if let Ok(nice) = thread_nice(unsafe { libc::gettid() }) {
         BASE_NICE.store(nice, Ordering::Relaxed);
     }
-    let stop = Arc::new((Mutex::new(false), Condvar::new()));
-    let stopping = stop.clone();
-    let handle = std::thread::Builder::new()
-        .name("anvil-sched".into())
-        .spawn(move || watch(&stopping))?;
-    Ok(Guard {
-        stop,
-        handle: Some(handle),
-    })
+    let mut watch = Watch {
+        judge: Judge::default(),
+        last: cpu_times(),
+        raised: HashMap::new(),
+        nice: RAISED_NICE,
+    };
+    crate::Periodic::spawn("anvil-sched", WINDOW, move || watch.window())
 }
 
 /// Whether the guard should raise the workers, from the busy share of each window.
@@ -106,60 +88,63 @@ impl Judge {
     }
 }
 
-fn watch(stop: &(Mutex<bool>, Condvar)) {
-    let mut judge = Judge::default();
-    let mut last = cpu_times();
-    // Threads raised, by id, with the nice value they had and the one they were given.
-    let mut raised: HashMap<i32, (i32, i32)> = HashMap::new();
-    let mut nice = RAISED_NICE;
-    loop {
-        {
-            let (lock, wake) = stop;
-            let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
-            let (stopped, _) = wake
-                .wait_timeout_while(stopped, WINDOW, |s| !*s)
-                .unwrap_or_else(|e| e.into_inner());
-            if *stopped {
-                break;
-            }
-        }
+/// The guard's state between windows.
+struct Watch {
+    judge: Judge,
+    last: Option<(u64, u64)>,
+    /// Threads raised, by id, with the nice value they had and the one they were given.
+    raised: HashMap<i32, (i32, i32)>,
+    /// The nice value raised threads get (0 once -10 was refused).
+    nice: i32,
+}
+
+impl Watch {
+    fn window(&mut self) {
         let now = cpu_times();
-        let (Some(before), Some(after)) = (last, now) else {
-            last = now;
-            continue;
+        let (Some(before), Some(after)) = (self.last, now) else {
+            self.last = now;
+            return;
         };
-        last = now;
-        if judge.window(busy_share(before, after)) {
+        self.last = now;
+        if self.judge.window(busy_share(before, after)) {
             // Forget threads that ended, so that an id the kernel gives again is never
             // taken for one raised here.
             let live = threads();
-            raised.retain(|tid, _| live.contains(tid));
+            self.raised.retain(|tid, _| live.contains(tid));
             for tid in live.into_iter().filter(|&tid| is_idle(tid)) {
-                if let std::collections::hash_map::Entry::Vacant(slot) = raised.entry(tid) {
-                    match raise(tid, nice) {
+                if let std::collections::hash_map::Entry::Vacant(slot) = self.raised.entry(tid) {
+                    match raise(tid, self.nice) {
                         Ok(old) => {
-                            slot.insert((old, nice));
+                            slot.insert((old, self.nice));
                         }
-                        Err(e) if nice < 0 && e.raw_os_error() == Some(libc::EACCES) => {
+                        Err(e) if self.nice < 0 && e.raw_os_error() == Some(libc::EACCES) => {
                             log::info!("workers raised at nice 0 only: {e}");
-                            nice = 0;
+                            self.nice = 0;
                         }
                         Err(e) => log::debug!("thread {tid} stays under SCHED_IDLE: {e}"),
                     }
                 }
             }
-        } else if !raised.is_empty() {
+        } else if !self.raised.is_empty() {
             log::debug!(
                 "CPUs quiet again: {} threads back under SCHED_IDLE",
-                raised.len()
+                self.raised.len()
             );
-            for (tid, (old, given)) in raised.drain() {
-                lower(tid, old, given);
-            }
+            self.lower_all();
         }
     }
-    for (tid, (old, given)) in raised {
-        lower(tid, old, given);
+
+    fn lower_all(&mut self) {
+        for (tid, (old, given)) in self.raised.drain() {
+            lower(tid, old, given);
+        }
+    }
+}
+
+/// The guard stopped (its thread drops the state as it ends).
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.lower_all();
     }
 }
 
