@@ -36,10 +36,10 @@ mod views;
 
 use anvil::format::record::compression;
 use anvil::fs::{Caller, RenameFlags as AnvilRename, SetAttr};
+use anvil::sync::Mutex;
 use anvil::{Attr, DirEntry, Error, FileKind, Filesystem};
 use control::Control;
 pub use counters::{Counters, Op};
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -5,8 +5,8 @@
 
 use crate::{Backend, Counters, EntryPlus, Notifier, Reply};
 use anvil::fs::{Caller, SetAttr, StatFs, Time as Timestamp, TimeSet};
+use anvil::sync::Mutex;
 use anvil::{Attr, DirEntry, FileKind};
-use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 
 use crate::{AnvilFuse, Notifier};
 use anvil::fs::MirrorReport;
+use anvil::sync::Mutex;
 use anvil::Filesystem;
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter};

@@ -6,8 +6,8 @@
 
 use super::AnvilFuse;
 use anvil::format::record::ROOT_OBJ;
+use anvil::sync::Mutex;
 use anvil::{Attr, DirEntry, Error, FileKind};
-use parking_lot::Mutex;
 use std::collections::HashMap;
 
 /// Inode numbers from here up are views, never objects (object ids never get this high).

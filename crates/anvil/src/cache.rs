@@ -35,8 +35,8 @@
 
 use crate::format::node::Node;
 use crate::format::record::ExtentRef;
+use crate::sync::Mutex;
 use lru::LruCache;
-use parking_lot::Mutex;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 use std::collections::{HashSet, VecDeque};

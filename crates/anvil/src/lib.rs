@@ -39,6 +39,7 @@ pub mod format;
 pub mod fs;
 pub mod heap;
 pub(crate) mod space;
+pub mod sync;
 pub(crate) mod volume;
 
 /// Below the file system: the transaction layer and what its operations return, for tests,

@@ -24,7 +24,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_BYTES;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::BTreeMap;
 
 pub struct Space {

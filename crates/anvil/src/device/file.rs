@@ -22,8 +22,8 @@
 //! windows), small reads go to the device as they are, but for one probe in sixteen.
 
 use super::Device;
+use crate::sync::Mutex;
 use lru::LruCache;
-use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::num::NonZeroUsize;

@@ -7,7 +7,7 @@
 //! finished the flush), so the log never claims more than the device saw.
 
 use super::Device;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::sync::Arc;

@@ -60,7 +60,8 @@
 //! put conditionally, a second guard against two claims of one epoch.
 
 use super::{out_of_range, BlobStore, Device};
-use parking_lot::{Mutex, RwLock};
+use crate::sync::Mutex;
+use parking_lot::RwLock;
 use quick_cache::Weighter;
 use std::collections::{BTreeMap, HashMap};
 use std::io;

@@ -13,7 +13,7 @@
 //! object for a moment (Garage 2.5.0 drops deleted entries on each node before merging the
 //! replies of two), so nothing relies on a listing to show a delete.
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -31,8 +31,8 @@ use crate::format::record::{
     DATA_CHUNK_BYTES, HASH_SLOTS, NAME_BYTES_MAX, ROOT_OBJ, VOLUME_OBJ, XATTR_VALUE_BYTES_MAX,
 };
 use crate::format::{record::hash_slot_base, BLOCK_BYTES};
+use crate::sync::Mutex;
 use crate::volume::{Found, Tx, Value, Volume, VolumeOptions};
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -22,11 +22,12 @@
 
 use super::chunk;
 use crate::format::record::{rtype, Inode, LogicalKey, DATA_CHUNK_BYTES};
+use crate::sync::Mutex;
 use crate::volume::{Value, Volume};
-use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::sync::Condvar;
 use std::thread::JoinHandle;
 
 /// Reads this far ahead of a sequential reader at most, and at least this far.
@@ -129,11 +130,12 @@ impl Prefetcher {
                 .iter()
                 .any(|&(i, lo, hi)| i == ino && lo < end && offset < hi)
         };
-        let mut pieces = self.in_flight.pieces.lock();
+        let pieces = self.in_flight.pieces.lock();
         if overlaps(&pieces) {
-            self.in_flight
+            let _ = self
+                .in_flight
                 .done
-                .wait_while_for(&mut pieces, |pieces| overlaps(pieces), WAIT_MAX);
+                .wait_timeout_while(pieces, WAIT_MAX, |pieces| overlaps(pieces));
         }
     }
 

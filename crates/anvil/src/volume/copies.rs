@@ -18,7 +18,7 @@
 use super::{RootRef, Stored, Volume, CLUSTER_WINDOW_BYTES};
 use crate::format::record::{compression, ExtentRef, LocalitySet};
 use crate::format::BLOCK_BYTES;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -798,7 +798,7 @@ impl Volume {
             root: new_root,
             tid,
             next_obj: sb.next_obj,
-            release: parking_lot::Mutex::new(Vec::new()),
+            release: crate::sync::Mutex::new(Vec::new()),
             space: self.space.clone(),
         });
         publish_counts(&mut st, &sb);

@@ -45,7 +45,8 @@ use crate::format::{
     VolumeId, BLOCK_BYTES, BLOCK_LEN, LOG_OFFSET, NODE_BYTES, SUPERBLOCK_OFFSETS, VOLUME_BYTES_MIN,
 };
 use crate::space::{Purpose, Space};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard};
+use parking_lot::Condvar;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -376,7 +377,7 @@ pub struct Volume {
     /// Why the volume stopped taking changes, once a failure stopped it (`fail_read_only`).
     stopped: Mutex<Option<String>>,
     /// Signalled after each commit (writers waiting for memory) and to wake the committer.
-    commit_signal: (Mutex<u64>, Condvar),
+    commit_signal: (parking_lot::Mutex<u64>, Condvar),
     pending_bytes_max: u64,
     stop_committer: AtomicBool,
     /// Bytes of the frozen group not yet given space by its commit. Space checks count
@@ -787,7 +788,7 @@ impl Volume {
             read_only: AtomicBool::new(options.read_only),
             stopped: Mutex::new(None),
             options,
-            commit_signal: (Mutex::new(0), Condvar::new()),
+            commit_signal: (parking_lot::Mutex::new(0), Condvar::new()),
             pending_bytes_max,
             stop_committer: AtomicBool::new(false),
             frozen_unallocated: AtomicU64::new(0),

@@ -27,8 +27,8 @@
 //! tmpfs cost a few microseconds per append, on operations that take tens.
 
 use crate::device::file::punch_hole;
+use crate::sync::Mutex;
 use memmap2::{MmapMut, MmapOptions};
-use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

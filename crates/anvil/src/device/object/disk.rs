@@ -4,7 +4,7 @@
 //! is whole; losing the directory loses nothing. Bounded by bytes, oldest piece out first.
 
 use super::PieceId;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::fs;
 use std::io;
