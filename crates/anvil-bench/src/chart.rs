@@ -1534,6 +1534,7 @@ pub(crate) mod tests {
                 devices: vec!["loop3".into()],
                 size_bytes: 8 << 30,
                 path: Some("/mnt/bench".into()),
+                transport: None,
             },
             summary: summarize(&runs),
             runs,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::chart;
 use crate::error::{Context, Result};
-use crate::results::{ratio, BenchResults, TargetResult};
+use crate::results::{ratio, BenchResults, FsInfo, TargetResult};
 
 /// Escapes text for HTML element content and attribute values.
 pub fn escape(s: &str) -> String {
@@ -153,6 +153,21 @@ fn utc(t: u64) -> String {
     )
 }
 
+/// Mount options, and an anvil mount's transport after them.
+fn mount_opts(fs: &FsInfo) -> String {
+    match &fs.transport {
+        Some(t) => {
+            let opts = fs
+                .mount_opts
+                .as_deref()
+                .map(|o| format!("{o}, "))
+                .unwrap_or_default();
+            format!("<code>{}transport: {}</code>", escape(&opts), escape(t))
+        }
+        None => opt(&fs.mount_opts),
+    }
+}
+
 fn opt(s: &Option<String>) -> String {
     s.as_deref().map_or_else(
         || "&ndash;".to_string(),
@@ -254,7 +269,7 @@ fn section(h: &mut String, i: usize, r: &BenchResults) {
                 (label, ""),
                 (escape(&t.fs.fs_type), ""),
                 (opt(&t.fs.mkfs), ""),
-                (opt(&t.fs.mount_opts), ""),
+                (mount_opts(&t.fs), ""),
                 (escape(&t.fs.devices.join(", ")), ""),
                 (
                     if t.fs.size_bytes > 0 {

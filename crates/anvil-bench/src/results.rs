@@ -59,6 +59,12 @@ pub struct FsInfo {
     pub devices: Vec<String>,
     pub size_bytes: u64,
     pub path: Option<String>,
+    /// How an anvil mount's daemon talks to the kernel ("uring" or "classic"), as
+    /// `anvil stats` reports it: FUSE over io_uring is used only where the kernel allows
+    /// it (`/sys/module/fuse/parameters/enable_uring`), so two runs of one command on two
+    /// machines may differ here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// All runs on one target.

@@ -208,6 +208,14 @@ fn output_of(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// The transport an anvil mount serves over, from `anvil stats --json`; None if it cannot
+/// be asked (the run goes on without it).
+fn mount_transport(bin: &Path, mnt: &Path) -> Option<String> {
+    let out = output_of(Command::new(bin).arg("stats").arg("--json").arg(mnt)).ok()?;
+    let stats: serde_json::Value = serde_json::from_str(&out).ok()?;
+    stats["transport"].as_str().map(str::to_string)
+}
+
 fn have(cmd: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
@@ -708,6 +716,13 @@ impl Target {
                 return fail("anvil mount did not appear within 30 s");
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+        self.info.transport = mount_transport(bin, &mnt);
+        if let Some(transport) = &self.info.transport {
+            eprintln!(
+                "{}: anvil mount serves over the {transport} transport",
+                self.spec.label
+            );
         }
         self.finish_mount(mnt)
     }

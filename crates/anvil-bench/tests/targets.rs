@@ -87,6 +87,16 @@ fn every_target_kind_builds_measures_and_tears_down() {
     for spec in &specs {
         eprintln!("target {}", spec.label);
         let t = Target::setup(spec, &cfg, 0).unwrap_or_else(|e| panic!("{}: {e}", spec.label));
+        if spec.kind == Kind::Anvil {
+            // The results say which transport the mount served over: io_uring exactly when
+            // the kernel allows it.
+            let uring = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+                .is_ok_and(|v| v.trim() == "Y");
+            let expect = if uring { "uring" } else { "classic" };
+            assert_eq!(t.info.transport.as_deref(), Some(expect), "anvil transport");
+        } else {
+            assert_eq!(t.info.transport, None, "{}: no anvil transport", spec.label);
+        }
         {
             let vfs = t.vfs().unwrap();
             vfs.mkdir("d", 0o755).unwrap();
