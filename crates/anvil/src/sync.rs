@@ -1,4 +1,4 @@
-//! The locks every request's path uses: ones that wait without yielding the CPU.
+//! The mutex every lock on a request's path uses: one that waits without yielding the CPU.
 //!
 //! `parking_lot`'s mutex, contended, spins a little and then calls `sched_yield` up to seven
 //! times before it sleeps. On a busy machine that is the wrong thing for a mount's request
@@ -97,76 +97,6 @@ impl<T: ?Sized> Mutex<T> {
     }
 }
 
-/// Guards of a [`RwLock`].
-pub type RwLockReadGuard<'a, T> = std::sync::RwLockReadGuard<'a, T>;
-pub type RwLockWriteGuard<'a, T> = std::sync::RwLockWriteGuard<'a, T>;
-
-/// A readers-writer lock over the standard library's futex one (which lets no new reader in
-/// while a writer waits), with no poisoning and the same wait as [`Mutex`]: contended, it
-/// tries again for up to `SPIN`, then sleeps.
-#[derive(Default)]
-pub struct RwLock<T: ?Sized>(std::sync::RwLock<T>);
-
-impl<T> RwLock<T> {
-    pub const fn new(value: T) -> RwLock<T> {
-        RwLock(std::sync::RwLock::new(value))
-    }
-}
-
-impl<T: ?Sized> RwLock<T> {
-    /// Shared access, beside other readers.
-    pub fn read(&self) -> RwLockReadGuard<'_, T> {
-        match self.try_read() {
-            Some(guard) => guard,
-            None => self.read_contended(),
-        }
-    }
-
-    #[cold]
-    fn read_contended(&self) -> RwLockReadGuard<'_, T> {
-        match spin(|| self.try_read()) {
-            Some(guard) => guard,
-            None => self.0.read().unwrap_or_else(PoisonError::into_inner),
-        }
-    }
-
-    /// Exclusive access.
-    pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-        match self.try_write() {
-            Some(guard) => guard,
-            None => self.write_contended(),
-        }
-    }
-
-    #[cold]
-    fn write_contended(&self) -> RwLockWriteGuard<'_, T> {
-        match spin(|| self.try_write()) {
-            Some(guard) => guard,
-            None => self.0.write().unwrap_or_else(PoisonError::into_inner),
-        }
-    }
-
-    fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
-        match self.0.try_read() {
-            Ok(guard) => Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-
-    fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
-        match self.0.try_write() {
-            Ok(guard) => Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-
-    pub fn get_mut(&mut self) -> &mut T {
-        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for Mutex<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)
@@ -209,35 +139,6 @@ mod tests {
         // Taken only once the holder let go, with its change.
         assert_eq!(*lock.lock(), 1);
         holder.join().expect("holder");
-    }
-
-    #[test]
-    fn readers_share_and_a_writer_excludes() {
-        let lock = Arc::new(RwLock::new(0u64));
-        let first = lock.read();
-        // A second reader gets in beside the first; a writer does not.
-        assert!(lock.try_read().is_some());
-        assert!(lock.try_write().is_none());
-        drop(first);
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let lock = lock.clone();
-                std::thread::spawn(move || {
-                    for i in 0..10_000 {
-                        if i % 4 == 0 {
-                            *lock.write() += 1;
-                        } else {
-                            assert!(*lock.read() <= 10_000);
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().expect("thread");
-        }
-        assert_eq!(*lock.read(), 10_000);
-        assert!(lock.try_write().is_some());
     }
 
     #[test]

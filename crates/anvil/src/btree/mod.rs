@@ -121,7 +121,7 @@ pub struct CacheOnly<'a> {
     pub cache: &'a BlockCache,
     pub pinned: &'a HashMap<u64, Arc<Node>>,
     /// Internal nodes of the root being walked, kept out of the cache's way.
-    pub upper: &'a crate::sync::Mutex<UpperNodes>,
+    pub upper: &'a std::cell::RefCell<UpperNodes>,
 }
 
 /// The internal nodes of one root that walks under it passed through. Every walk passes the
@@ -129,8 +129,7 @@ pub struct CacheOnly<'a> {
 /// tree; asking the shared cache for each (a hash, a shard's lock, the entry's use bit, a
 /// counter) was a twentieth of a proxy request's time. Holding their `Arc`s here costs no
 /// memory (the cache holds the same nodes) and keeps no block from reuse: the set is
-/// emptied when the root changes. Operations that share the volume's state (read-only ones,
-/// side by side) share it under a lock of its own, held for one lookup or insert.
+/// emptied when the root changes, and only its owner's lock reaches it.
 #[derive(Default)]
 pub struct UpperNodes {
     /// The root these belong to, by address and TID (a root's nodes never change).
@@ -159,7 +158,7 @@ impl UpperNodes {
 impl NodeSource for CacheOnly<'_> {
     fn node(&self, address: u64, level: u8) -> Step<Arc<Node>> {
         if level > 0 {
-            if let Some(node) = self.upper.lock().nodes.get(&address) {
+            if let Some(node) = self.upper.borrow().nodes.get(&address) {
                 // Kept at this level by the walk that put it here.
                 return Ok(node.clone());
             }
@@ -172,7 +171,7 @@ impl NodeSource for CacheOnly<'_> {
         match node {
             Some(node) if node.level() == level => {
                 if level > 0 {
-                    let mut upper = self.upper.lock();
+                    let mut upper = self.upper.borrow_mut();
                     if upper.nodes.len() < UpperNodes::NODES_MAX {
                         upper.nodes.insert(address, node.clone());
                     }

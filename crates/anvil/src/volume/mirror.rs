@@ -188,7 +188,7 @@ impl Volume {
             )));
         }
         let (next_obj, live_objects, head_time) = {
-            let st = self.state.read();
+            let st = self.state.lock();
             (
                 st.superblock.next_obj,
                 st.superblock.live_objects,
@@ -751,7 +751,7 @@ impl Volume {
         // Built under the commit lock: no reblock step moves an extent under them.
         let mut mutations = build(self)?;
         let old_root = self.root();
-        let previous: Superblock = self.state.read().superblock.clone();
+        let previous: Superblock = self.state.lock().superblock.clone();
         let tid = header.map_or(previous.committed_tid, |h| {
             h.until.max(previous.committed_tid)
         });
@@ -792,7 +792,7 @@ impl Volume {
         ring.tail = ring.head;
         drop(ring);
         let freed = std::mem::take(&mut ctx.freed);
-        let mut st = self.state.write();
+        let mut st = self.state.lock();
         self.retire(&old_root, freed);
         st.root = Arc::new(super::RootRef {
             root: new_root,
@@ -842,7 +842,7 @@ impl Volume {
 }
 
 fn publish_counts(st: &mut State, sb: &Superblock) {
-    *st.next_obj.get_mut() = sb.next_obj;
+    st.next_obj = sb.next_obj;
     st.live_objects = sb.live_objects;
     if st.active.is_empty() {
         st.active.tid = sb.next_tid;

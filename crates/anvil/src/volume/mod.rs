@@ -45,7 +45,7 @@ use crate::format::{
     VolumeId, BLOCK_BYTES, BLOCK_LEN, LOG_OFFSET, NODE_BYTES, SUPERBLOCK_OFFSETS, VOLUME_BYTES_MIN,
 };
 use crate::space::{Purpose, Space};
-use crate::sync::{Mutex, MutexGuard, RwLock};
+use crate::sync::{Mutex, MutexGuard};
 use parking_lot::Condvar;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -177,14 +177,12 @@ pub(crate) struct State {
     pub active: Overlay,
     pub frozen: Option<Arc<Overlay>>,
     pub root: Arc<RootRef>,
-    /// The next object id to give out (`Tx::allocate_obj`, also under the read side).
-    pub next_obj: AtomicU64,
+    pub next_obj: u64,
     pub superblock: Superblock,
-    /// What `Tx::tree_live` found under `root` (see `LiveMemo`). Operations that share the
-    /// state (the lock's read side) share these too, under their own short locks.
-    pub live_memo: Mutex<LiveMemo>,
+    /// What `Tx::tree_live` found under `root` (see `LiveMemo`).
+    pub live_memo: std::cell::RefCell<LiveMemo>,
     /// Internal nodes of `root` its walks passed through (see `UpperNodes`).
-    pub upper_nodes: Mutex<btree::UpperNodes>,
+    pub upper_nodes: std::cell::RefCell<btree::UpperNodes>,
 }
 
 /// The committed tree's live versions looked up under one root, kept until the root changes:
@@ -370,9 +368,7 @@ pub struct Volume {
     volume_id: VolumeId,
     cache: BlockCache,
     space: Arc<Space>,
-    /// The pending groups, the committed root and superblock. Read-only operations take the
-    /// read side and run side by side; changes, commits and recovery take the write side.
-    state: RwLock<State>,
+    state: Mutex<State>,
     /// Serialises commits (and reblock steps) with each other.
     commit_lock: Mutex<()>,
     log: Mutex<LogRing>,
@@ -777,12 +773,12 @@ impl Volume {
             volume_id: sb.volume_id,
             cache,
             space,
-            state: RwLock::new(State {
+            state: Mutex::new(State {
                 live_objects,
                 active: Overlay::new(sb.next_tid),
                 frozen: None,
                 root: root_ref,
-                next_obj: AtomicU64::new(sb.next_obj),
+                next_obj: sb.next_obj,
                 superblock: sb,
                 live_memo: Default::default(),
                 upper_nodes: Default::default(),
@@ -857,7 +853,7 @@ impl Volume {
         self.cache.clear();
         {
             // Logged changes are replayed below on a fresh overlay, also when only they moved.
-            let mut state = self.state.write();
+            let mut state = self.state.lock();
             state.root = Arc::new(RootRef {
                 root: Root {
                     address: sb.root_address,
@@ -869,13 +865,13 @@ impl Volume {
                 space: self.space.clone(),
             });
             state.active = Overlay::new(sb.next_tid);
-            *state.next_obj.get_mut() = sb.next_obj;
+            state.next_obj = sb.next_obj;
             state.live_objects = sb.live_objects;
             state.superblock = sb;
         }
         self.cache.clear();
         self.replay_log()?;
-        Ok(Some(self.state.read().superblock.committed_tid))
+        Ok(Some(self.state.lock().superblock.committed_tid))
     }
 
     /// Replays the redo log into the active overlay: from the superblock's `log_start`, the
@@ -888,7 +884,7 @@ impl Volume {
     /// fsync copied (the file lets go of those pages), and after a power loss only the region
     /// is left.
     fn replay_log(&self) -> Result<usize> {
-        let sb = self.state.read().superblock.clone();
+        let sb = self.state.lock().superblock.clone();
         // Format version 2 batches start at 0 and never wrap.
         let wraps = sb.log_salt != 0;
         let mut pos = sb.log_start;
@@ -1014,9 +1010,8 @@ impl Volume {
                 return false;
             }
         }
-        let mut st = self.state.write();
-        let next_obj = st.next_obj.get_mut();
-        *next_obj = (*next_obj).max(batch.next_obj);
+        let mut st = self.state.lock();
+        st.next_obj = st.next_obj.max(batch.next_obj);
         for entry in batch.entries {
             let current = st.active.map.get(&entry.lk);
             let replaces = current.map_or(entry.replaces, |p| p.replaces);
@@ -1082,7 +1077,7 @@ impl Volume {
     fn begin_log(&self) -> Result<()> {
         let _commit = self.commit_lock.lock();
         let mut ring = self.log.lock();
-        let mut sb = self.state.read().superblock.clone();
+        let mut sb = self.state.lock().superblock.clone();
         sb.seq += 1;
         sb.log_salt = ring.salt;
         sb.log_start = ring.head % ring.size;
@@ -1094,7 +1089,7 @@ impl Volume {
         ring.head = sb.log_start;
         ring.epoch_start = sb.log_start;
         ring.tail = sb.log_start;
-        self.state.write().superblock = sb;
+        self.state.lock().superblock = sb;
         Ok(())
     }
 
@@ -1114,14 +1109,14 @@ impl Volume {
             return Ok(());
         }
         let _commit = self.commit_lock.lock();
-        let mut sb = self.state.read().superblock.clone();
+        let mut sb = self.state.lock().superblock.clone();
         if sb.manifest_address == 0 || sb.proven {
             return Ok(());
         }
         sb.seq += 1;
         sb.proven = true;
         self.write_superblock_now(&sb)?;
-        self.state.write().superblock = sb;
+        self.state.lock().superblock = sb;
         Ok(())
     }
 
@@ -1226,17 +1221,17 @@ impl Volume {
 
     /// Whether changes are waiting in memory for a commit.
     pub fn has_pending(&self) -> bool {
-        let st = self.state.read();
+        let st = self.state.lock();
         !st.active.is_empty() || st.frozen.is_some()
     }
 
     /// TID of the newest commit: the newest point history can be read at.
     pub fn committed_tid(&self) -> u64 {
-        self.state.read().superblock.committed_tid
+        self.state.lock().superblock.committed_tid
     }
 
     pub fn usage(&self) -> Usage {
-        let st = self.state.read();
+        let st = self.state.lock();
         let sb = &st.superblock;
         let label_end = sb.label.iter().position(|&b| b == 0).unwrap_or(LABEL_BYTES);
         Usage {
@@ -1248,7 +1243,7 @@ impl Volume {
             committed_tid: sb.committed_tid,
             commit_time_ns: sb.commit_time_ns,
             created_time_ns: sb.created_time_ns,
-            next_obj: st.next_obj.load(Ordering::Relaxed),
+            next_obj: st.next_obj,
             live_objects: st.live_objects,
             pending_bytes: st.active.pending_bytes
                 + self.frozen_unallocated.load(Ordering::Acquire),
@@ -1276,16 +1271,8 @@ impl Volume {
         // its blocks from being reused while a retry loads more.
         let mut pinned_root: Option<Arc<RootRef>> = None;
         loop {
-            // A read-only operation shares the state with others; a change has it alone from
-            // its first read to its last write, so what it read is still so when it applies.
             let need = {
-                // Both dropped at the end of this block: misses are loaded without the lock.
-                let mut exclusive = None;
-                let mut shared = None;
-                let st: &State = match write {
-                    true => exclusive.insert(self.state.write()),
-                    false => shared.insert(self.state.read()),
-                };
+                let mut st = self.state.lock();
                 if !pinned_root
                     .as_ref()
                     .is_some_and(|r| Arc::ptr_eq(r, &st.root))
@@ -1294,24 +1281,17 @@ impl Volume {
                     pinned_extents.clear();
                     pinned_root = Some(st.root.clone());
                 }
-                let mut tx = Tx::new(self, st, &pinned_nodes, &pinned_extents);
+                let mut tx = Tx::new(self, &mut st, &pinned_nodes, &pinned_extents);
                 match op(&mut tx) {
                     Ok(value) => {
-                        let changes = tx.finish();
-                        let Some(mut st) = exclusive else {
-                            // Callers that change nothing ask for the read side.
-                            debug_assert!(changes.is_empty(), "a read-only operation wrote");
-                            if !changes.is_empty() {
-                                log::error!("a read-only operation's writes were dropped");
-                            }
-                            return Ok(value);
-                        };
-                        changes.apply(&mut st);
+                        tx.finish();
                         let pending_entries = st.active.map.len() + st.active.prune.len();
                         drop(st);
-                        self.commit_if_tight(pending_entries);
-                        if self.options.log_every_change {
-                            self.log_changes()?;
+                        if write {
+                            self.commit_if_tight(pending_entries);
+                            if self.options.log_every_change {
+                                self.log_changes()?;
+                            }
                         }
                         return Ok(value);
                     }
@@ -1576,7 +1556,7 @@ impl Volume {
 
     /// Current root for lock-free readers (as-of views, `check`).
     pub fn root(&self) -> Arc<RootRef> {
-        self.state.read().root.clone()
+        self.state.lock().root.clone()
     }
 
     /// Elements of the committed tree with `lo <= key <= hi`, visible as of `tid`.
@@ -1627,7 +1607,7 @@ impl Volume {
     /// Blocks a writer while pending changes exceed the memory budget.
     pub fn throttle(&self) {
         loop {
-            let pending = self.state.read().active.pending_bytes;
+            let pending = self.state.lock().active.pending_bytes;
             if pending <= self.pending_bytes_max {
                 return;
             }
@@ -1659,7 +1639,7 @@ impl Volume {
         }
         {
             // Data written ahead of its commit holds host memory until the commit too.
-            let st = self.state.read();
+            let st = self.state.lock();
             if st.active.pending_bytes > self.pending_bytes_max / 2
                 || st.active.direct_bytes > self.pending_bytes_max
             {
@@ -1713,7 +1693,7 @@ impl Volume {
 
     /// What pending changes will need when they are committed, as counted for space.
     fn pending_bytes(&self) -> u64 {
-        let st = self.state.read();
+        let st = self.state.lock();
         st.active.pending_bytes + self.frozen_unallocated.load(Ordering::Acquire)
     }
 
@@ -1753,7 +1733,7 @@ impl Volume {
                             .wait_for(&mut generation, Duration::from_millis(50));
                     }
                     let due = last.elapsed() >= interval || volume.wants_commit();
-                    let dirty = !volume.state.read().active.is_empty();
+                    let dirty = !volume.state.lock().active.is_empty();
                     if due && dirty && !volume.is_read_only() {
                         if let Err(e) = volume.commit() {
                             log::error!("background commit failed: {e}");
@@ -1802,7 +1782,7 @@ impl Volume {
     fn freeze(&self) -> Result<Option<Frozen>> {
         let mut ring = self.log.lock();
         let (frozen, old_root, mut sb, unlogged, next_obj) = {
-            let mut st = self.state.write();
+            let mut st = self.state.lock();
             if st.active.is_empty() {
                 return Ok(None);
             }
@@ -1814,14 +1794,8 @@ impl Volume {
             let frozen = Arc::new(overlay);
             st.frozen = Some(frozen.clone());
             let mut sb = st.superblock.clone();
-            sb.next_obj = *st.next_obj.get_mut();
-            (
-                frozen,
-                st.root.clone(),
-                sb,
-                unlogged,
-                *st.next_obj.get_mut(),
-            )
+            sb.next_obj = st.next_obj;
+            (frozen, st.root.clone(), sb, unlogged, st.next_obj)
         };
         if !unlogged.is_empty() && !self.append(&mut ring, next_obj, &log_entries(&unlogged))? {
             ring.frozen_unlogged = true;
@@ -1855,7 +1829,7 @@ impl Volume {
             Ok((new_root, freed, sb, ahead)) => {
                 let tid = sb.committed_tid;
                 {
-                    let mut st = self.state.write();
+                    let mut st = self.state.lock();
                     self.retire(&old_root, freed);
                     self.space.settle(ahead.iter().map(|e| e.offset));
                     st.root = Arc::new(RootRef {
@@ -2955,16 +2929,16 @@ impl Volume {
                 continue;
             }
             let (unlogged, next_obj) = {
-                let mut st = self.state.write();
+                let mut st = self.state.lock();
                 if st.active.log_dirty.is_empty() {
                     return Ok(());
                 }
-                (take_unlogged(&mut st.active), *st.next_obj.get_mut())
+                (take_unlogged(&mut st.active), st.next_obj)
             };
             if self.append(&mut ring, next_obj, &log_entries(&unlogged))? {
                 return Ok(());
             }
-            return_unlogged(&mut self.state.write().active, &unlogged);
+            return_unlogged(&mut self.state.lock().active, &unlogged);
             drop(ring);
             // No room until a commit, or too large. A commit under way frees the ring when
             // it is durable: wait for it and try again. Committing here instead waited for
@@ -3345,7 +3319,7 @@ impl Volume {
             return Err(e);
         }
         mutations.sort_by_key(Mutation::key);
-        let previous = self.state.read().superblock.clone();
+        let previous = self.state.lock().superblock.clone();
         let mut ctx = CommitContext::new(self.loader(), &self.space, previous.committed_tid);
         // Past here a failure stops the volume, as a failed commit does: the new tree's nodes
         // were allocated one by one and are not given back, and once the superblock may be
@@ -3377,7 +3351,7 @@ impl Volume {
             )
             .map_err(stop)?;
         let freed = std::mem::take(&mut ctx.freed);
-        let mut st = self.state.write();
+        let mut st = self.state.lock();
         self.retire(&old_root, freed);
         st.root = Arc::new(RootRef {
             root: new_root,
@@ -3396,7 +3370,7 @@ impl Volume {
         if self.is_read_only() {
             return Err(self.read_only_error());
         }
-        self.state.write().active.prune.extend(keys);
+        self.state.lock().active.prune.extend(keys);
         Ok(())
     }
 
@@ -3409,7 +3383,7 @@ impl Volume {
     pub fn drop_caches(&self) {
         self.cache.clear();
         // What walks of the tree found goes too: the next read walks from the root.
-        let mut st = self.state.write();
+        let mut st = self.state.lock();
         *st.live_memo.get_mut() = LiveMemo::default();
         st.upper_nodes.get_mut().clear();
         drop(st);
@@ -3869,92 +3843,18 @@ mod tests {
         assert!(memo.found.len() <= LiveMemo::ENTRIES_MAX);
     }
 
-    /// A fresh 32 MiB file system in memory, committing only when asked.
-    fn small_fs() -> crate::fs::Filesystem {
+    /// A placement that runs out of room part way gives back what it took: with free space
+    /// only in holes of one block, a cluster's one-block member fits and its 32 KiB one
+    /// does not (reblock met this on a fragmented volume, and the block stayed used).
+    #[test]
+    fn a_placement_that_fails_part_way_keeps_nothing() {
         let device = Arc::new(crate::device::MemDevice::new(0));
         crate::fs::Filesystem::mkfs(device.clone(), 32 << 20, "t").unwrap();
         let options = crate::fs::MountOptions {
             commit_interval_ms: 0,
             ..Default::default()
         };
-        crate::fs::Filesystem::open(device, options).unwrap()
-    }
-
-    /// Read-only operations share the state lock; a change waits until they are done, and
-    /// they wait for it.
-    #[test]
-    fn read_only_operations_run_side_by_side_and_a_change_alone() {
-        use std::sync::atomic::AtomicBool;
-        use std::sync::mpsc::channel;
-        let fs = small_fs();
-        let volume = fs.volume().clone();
-        let lk = LogicalKey {
-            obj: 1,
-            rtype: crate::format::record::rtype::XATTR,
-            key: 0x5eed,
-        };
-        // A reader holds the read side until told to let go.
-        let (entered_tx, entered_rx) = channel();
-        let (release_tx, release_rx) = channel::<()>();
-        let reader = {
-            let volume = volume.clone();
-            std::thread::spawn(move || {
-                volume
-                    .run(false, |tx| {
-                        entered_tx.send(()).unwrap();
-                        release_rx.recv().unwrap();
-                        tx.get(lk).map(|v| v.is_none())
-                    })
-                    .unwrap()
-            })
-        };
-        entered_rx.recv().unwrap();
-        // Another read-only operation gets in beside it (behind a mutex it would wait for the
-        // release below).
-        let (beside_tx, beside_rx) = channel();
-        {
-            let volume = volume.clone();
-            std::thread::spawn(move || {
-                let found = volume.run(false, |tx| tx.get(lk)).unwrap();
-                beside_tx.send(found.is_none()).unwrap();
-            });
-        }
-        let beside = beside_rx.recv_timeout(Duration::from_secs(10));
-        if beside.is_err() {
-            release_tx.send(()).unwrap();
-        }
-        assert_eq!(beside, Ok(true), "a read-only operation waited for another");
-        // A change does not, until the reader is done.
-        let changed = Arc::new(AtomicBool::new(false));
-        let writer = {
-            let volume = volume.clone();
-            let changed = changed.clone();
-            std::thread::spawn(move || {
-                volume
-                    .run(true, |tx| tx.put(lk, Some(Arc::new(b"v".to_vec()))))
-                    .unwrap();
-                changed.store(true, Ordering::SeqCst);
-            })
-        };
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            !changed.load(Ordering::SeqCst),
-            "a change ran beside a reader"
-        );
-        release_tx.send(()).unwrap();
-        assert!(reader.join().unwrap(), "the reader saw the change");
-        writer.join().unwrap();
-        assert!(changed.load(Ordering::SeqCst));
-        let value = volume.run(false, |tx| tx.get_bytes(lk)).unwrap();
-        assert_eq!(value.as_deref().map(Vec::as_slice), Some(&b"v"[..]));
-    }
-
-    /// A placement that runs out of room part way gives back what it took: with free space
-    /// only in holes of one block, a cluster's one-block member fits and its 32 KiB one
-    /// does not (reblock met this on a fragmented volume, and the block stayed used).
-    #[test]
-    fn a_placement_that_fails_part_way_keeps_nothing() {
-        let fs = small_fs();
+        let fs = crate::fs::Filesystem::open(device, options).unwrap();
         let volume = fs.volume();
         let mut taken = Vec::new();
         while let Ok(at) = volume.space.allocate(BLOCK_BYTES, Purpose::Metadata) {

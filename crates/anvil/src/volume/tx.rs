@@ -8,7 +8,6 @@ use crate::format::node::Node;
 use crate::format::record::{ExtentRef, Key, LogicalKey};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// What an operation already knows of a key's live version, from a `span` (or
@@ -25,12 +24,9 @@ pub enum Found {
     Live(u64),
 }
 
-/// An operation reads the volume's state through a shared reference: read-only operations
-/// run side by side under the state lock's read side, and a change's writes are kept here
-/// until `finish` hands them over (`Changes::apply`, under the write side).
 pub struct Tx<'a> {
     volume: &'a Volume,
-    state: &'a State,
+    state: &'a mut State,
     pinned_nodes: &'a HashMap<u64, Arc<Node>>,
     pinned_extents: &'a HashMap<ExtentRef, Arc<Vec<u8>>>,
     writes: BTreeMap<LogicalKey, Pending>,
@@ -46,12 +42,12 @@ pub struct Tx<'a> {
 impl<'a> Tx<'a> {
     pub(super) fn new(
         volume: &'a Volume,
-        state: &'a State,
+        state: &'a mut State,
         pinned_nodes: &'a HashMap<u64, Arc<Node>>,
         pinned_extents: &'a HashMap<ExtentRef, Arc<Vec<u8>>>,
     ) -> Tx<'a> {
         let root = &state.root;
-        state.upper_nodes.lock().follow(root.root, root.tid);
+        state.upper_nodes.get_mut().follow(root.root, root.tid);
         Tx {
             volume,
             state,
@@ -64,13 +60,26 @@ impl<'a> Tx<'a> {
         }
     }
 
-    /// What this operation changed, to be applied to the state it read.
-    pub(super) fn finish(self) -> Changes {
-        Changes {
-            writes: self.writes,
-            splices: self.splices,
-            objects_delta: self.objects_delta,
-            dead: self.dead,
+    pub(super) fn finish(self) {
+        self.state.live_objects = self
+            .state
+            .live_objects
+            .saturating_add_signed(self.objects_delta);
+        self.state.active.objects_delta += self.objects_delta;
+        self.state.active.dead.extend(self.dead);
+        let mut splices = self.splices;
+        for (lk, pending) in self.writes {
+            // `remove` hashes the key even when the map is empty, as it mostly is.
+            let splice = match splices.is_empty() {
+                true => None,
+                false => splices.remove(&lk),
+            };
+            match splice {
+                Some((base, lo, hi)) => {
+                    self.state.active.insert_spliced(lk, pending, &base, lo, hi)
+                }
+                None => self.state.active.insert(lk, pending),
+            }
         }
     }
 
@@ -93,7 +102,9 @@ impl<'a> Tx<'a> {
 
     /// Allocates a new object id (never reused, even if this operation is retried).
     pub fn allocate_obj(&mut self) -> u64 {
-        self.state.next_obj.fetch_add(1, Ordering::Relaxed)
+        let obj = self.state.next_obj;
+        self.state.next_obj += 1;
+        obj
     }
 
     /// The live committed version of `lk`: (create_tid, value). Looked for newest first.
@@ -101,7 +112,7 @@ impl<'a> Tx<'a> {
         if !self.in_tree(lk.obj) {
             return Ok(None);
         }
-        if let Some(found) = self.state.live_memo.lock().get(&self.state.root, &lk) {
+        if let Some(found) = self.state.live_memo.borrow_mut().get(&self.state.root, &lk) {
             self.volume.count_walk(false);
             return Ok(found);
         }
@@ -120,7 +131,7 @@ impl<'a> Tx<'a> {
                 true
             },
         )?;
-        self.state.live_memo.lock().put(lk, found.clone());
+        self.state.live_memo.borrow_mut().put(lk, found.clone());
         Ok(found)
     }
 
@@ -268,12 +279,12 @@ impl<'a> Tx<'a> {
                 },
             },
         };
-        // A record of an object this volume did not number (the volume's own API takes any
-        // object id): numbers stay above every object in the tree, which `RootRef::next_obj`
-        // relies on.
-        self.state
-            .next_obj
-            .fetch_max(lk.obj.saturating_add(1), Ordering::Relaxed);
+        if lk.obj >= self.state.next_obj {
+            // A record of an object this volume did not number (the volume's own API takes
+            // any object id): numbers stay above every object in the tree, which
+            // `RootRef::next_obj` relies on.
+            self.state.next_obj = lk.obj.saturating_add(1);
+        }
         if lk.rtype == crate::format::record::rtype::INODE {
             self.objects_delta += value.is_some() as i64 - existed as i64;
         }
@@ -498,40 +509,6 @@ impl<'a> Tx<'a> {
                     },
                 },
             };
-        }
-    }
-}
-
-/// The writes of one operation (`Tx::finish`).
-pub(super) struct Changes {
-    writes: BTreeMap<LogicalKey, Pending>,
-    splices: HashMap<LogicalKey, (Arc<Vec<u8>>, usize, usize)>,
-    objects_delta: i64,
-    dead: Vec<ExtentRef>,
-}
-
-impl Changes {
-    /// Whether the operation changed nothing.
-    pub(super) fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.objects_delta == 0 && self.dead.is_empty()
-    }
-
-    /// Adds the changes to the active group.
-    pub(super) fn apply(self, state: &mut State) {
-        state.live_objects = state.live_objects.saturating_add_signed(self.objects_delta);
-        state.active.objects_delta += self.objects_delta;
-        state.active.dead.extend(self.dead);
-        let mut splices = self.splices;
-        for (lk, pending) in self.writes {
-            // `remove` hashes the key even when the map is empty, as it mostly is.
-            let splice = match splices.is_empty() {
-                true => None,
-                false => splices.remove(&lk),
-            };
-            match splice {
-                Some((base, lo, hi)) => state.active.insert_spliced(lk, pending, &base, lo, hi),
-                None => state.active.insert(lk, pending),
-            }
         }
     }
 }
