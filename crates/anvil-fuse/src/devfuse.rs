@@ -155,6 +155,7 @@ impl Session {
                     if idle {
                         crate::set_idle_policy(true);
                     }
+                    anvil::sync::spin_when_contended(true);
                     if let Err(e) = serve(fd.as_fd(), &fs, max_write) {
                         log::error!("/dev/fuse worker {index}: {e}");
                     }

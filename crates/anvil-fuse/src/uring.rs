@@ -411,6 +411,8 @@ fn run_queue<B: Backend>(
     if idle {
         crate::set_idle_policy(true);
     }
+    // The engine's locks are mostly held by the worker on the other CPU: worth a short spin.
+    anvil::sync::spin_when_contended(true);
     let cpus = std::collections::HashSet::from([qid]);
     let rt = Runtime::builder().thread_affinity(cpus).build()?;
     rt.block_on(async move {

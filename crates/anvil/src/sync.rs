@@ -11,24 +11,43 @@
 //! The standard library's futex mutex spins briefly (about a hundred loads), then sleeps until
 //! the holder's unlock wakes it. Waking is not free either: the woken worker waits for the
 //! scheduler to give it its CPU back, and on blogbench a wait for the volume's state lock
-//! took 160-280 us on average although the lock was held for 2-8 us. So a contended `lock`
-//! first looks again for up to `SPIN` (30 us) while the holder, on the other CPU, finishes,
-//! and sleeps only after that (and at once on a machine with one CPU, where the holder
-//! cannot run while we spin). See docs/design.md, "Locks that do not yield".
+//! took 160-280 us on average although the lock was held for 2-8 us. So a mount's request
+//! worker (one per CPU, marked by `spin_when_contended`) that finds a lock taken first looks
+//! again for up to `SPIN` (30 us) while the holder, on the other CPU, finishes, and sleeps
+//! only after that (and at once on a machine with one CPU, where the holder cannot run while
+//! it spins). Other threads sleep at once: where a hundred of a program's threads call the
+//! library, the holder is as likely to be waiting for a CPU as running. See docs/design.md,
+//! "Locks that do not yield".
 //!
 //! Poisoning is ignored, as `parking_lot` ignores it: a panic while holding a lock already
 //! fails the request that panicked, and the state it guards is checked by its users.
 
+use std::cell::Cell;
 use std::sync::{OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
+
+thread_local! {
+    /// Whether this thread spins before it sleeps on a contended lock.
+    static SPINS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Makes the calling thread try a contended lock again for up to `SPIN` before it sleeps
+/// (true), or sleep at once (false, every thread's default). For a mount's request workers,
+/// one per CPU, whose locks are mostly held by the worker on the other CPU.
+pub fn spin_when_contended(spins: bool) {
+    SPINS.with(|cell| cell.set(spins));
+}
 
 /// How long a contended `lock` keeps trying before it sleeps: a few times the state lock's
 /// usual hold (2-8 us on blogbench), well under what a sleep and wakeup cost (160-280 us).
 const SPIN: Duration = Duration::from_micros(30);
 
-/// Tries `attempt` until it succeeds or `SPIN` has passed; None without trying on a machine
-/// with one CPU.
+/// Tries `attempt` until it succeeds or `SPIN` has passed; None without trying on a thread
+/// not marked by `spin_when_contended` or on a machine with one CPU.
 fn spin<G>(mut attempt: impl FnMut() -> Option<G>) -> Option<G> {
+    if !SPINS.with(Cell::get) {
+        return None;
+    }
     static CPUS: OnceLock<usize> = OnceLock::new();
     let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if cpus < 2 {
@@ -67,7 +86,8 @@ impl<T> Mutex<T> {
 }
 
 impl<T: ?Sized> Mutex<T> {
-    /// Waits for the lock (trying again for up to `SPIN`, then asleep; never yielding).
+    /// Waits for the lock (asleep, after trying again for up to `SPIN` on a thread marked by
+    /// `spin_when_contended`; never yielding).
     pub fn lock(&self) -> MutexGuard<'_, T> {
         if let Some(guard) = self.try_lock() {
             return guard;
@@ -124,6 +144,7 @@ mod tests {
 
     #[test]
     fn a_lock_held_past_the_spin_is_waited_for_asleep() {
+        spin_when_contended(true);
         let lock = Arc::new(Mutex::new(0u32));
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let holder = {
