@@ -23,7 +23,7 @@
 //! fails the request that panicked, and the state it guards is checked by its users.
 
 use std::cell::Cell;
-use std::sync::{OnceLock, PoisonError, TryLockError};
+use std::sync::{PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 thread_local! {
@@ -33,9 +33,11 @@ thread_local! {
 
 /// Makes the calling thread try a contended lock again for up to `SPIN` before it sleeps
 /// (true), or sleep at once (false, every thread's default). For a mount's request workers,
-/// one per CPU, whose locks are mostly held by the worker on the other CPU.
+/// one per CPU, whose locks are mostly held by the worker on the other CPU. On a machine
+/// with one CPU the thread sleeps at once all the same: the holder cannot run while it spins.
 pub fn spin_when_contended(spins: bool) {
-    SPINS.with(|cell| cell.set(spins));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    SPINS.with(|cell| cell.set(spins && cpus >= 2));
 }
 
 /// How long a contended `lock` keeps trying before it sleeps: a few times the state lock's
@@ -43,14 +45,9 @@ pub fn spin_when_contended(spins: bool) {
 const SPIN: Duration = Duration::from_micros(30);
 
 /// Tries `attempt` until it succeeds or `SPIN` has passed; None without trying on a thread
-/// not marked by `spin_when_contended` or on a machine with one CPU.
+/// that `spin_when_contended` did not mark.
 fn spin<G>(mut attempt: impl FnMut() -> Option<G>) -> Option<G> {
     if !SPINS.with(Cell::get) {
-        return None;
-    }
-    static CPUS: OnceLock<usize> = OnceLock::new();
-    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if cpus < 2 {
         return None;
     }
     let started = Instant::now();
