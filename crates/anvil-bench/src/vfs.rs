@@ -93,6 +93,33 @@ pub trait Vfs: Send + Sync {
     fn set_anvil_evictable(&self, path: &str) -> io::Result<()>;
     /// open(O_RDONLY).
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>>;
+    /// Writes file `path` whole, `data`, then closes it (Hummingbird's `write_file`),
+    /// stored with `near` when given. By default what a program does: `create` (or
+    /// `create_near`), writes of `chunk` bytes, close. The library creates the file with its
+    /// data in one call.
+    fn write_file(
+        &self,
+        path: &str,
+        mode: u32,
+        data: &[u8],
+        near: Option<&str>,
+        chunk: usize,
+    ) -> io::Result<()> {
+        write_by_handle(self, path, mode, data, near, chunk)
+    }
+    /// Reads file `path` whole (Hummingbird's `read_file`) and returns its length. By
+    /// default what a program does: `open_read`, reads into `buf` until one returns
+    /// nothing, close. The library looks the name up and reads the file in one call.
+    fn read_file(&self, path: &str, buf: &mut [u8]) -> io::Result<u64> {
+        let mut file = self.open_read(path)?;
+        let mut total = 0u64;
+        loop {
+            match file.read(buf)? {
+                0 => return Ok(total),
+                k => total += k as u64,
+            }
+        }
+    }
     /// rename(2): atomically replaces `to` if it exists.
     fn rename(&self, from: &str, to: &str) -> io::Result<()>;
     fn unlink(&self, path: &str) -> io::Result<()>;
@@ -101,6 +128,26 @@ pub trait Vfs: Send + Sync {
     fn stat_size(&self, path: &str) -> io::Result<u64>;
     /// Names in a directory, without "." and "..".
     fn read_dir(&self, path: &str) -> io::Result<Vec<String>>;
+}
+
+/// `Vfs::write_file` as a program does it: create (with the hint, if any), writes of
+/// `chunk` bytes, close.
+fn write_by_handle<V: Vfs + ?Sized>(
+    vfs: &V,
+    path: &str,
+    mode: u32,
+    data: &[u8],
+    near: Option<&str>,
+    chunk: usize,
+) -> io::Result<()> {
+    let mut file = match near {
+        Some(near) => vfs.create_near(path, mode, near)?,
+        None => vfs.create(path, mode)?,
+    };
+    for piece in data.chunks(chunk.max(1)) {
+        file.write_all(piece)?;
+    }
+    Ok(())
 }
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -421,6 +468,23 @@ impl AnvilVfs {
         }
     }
 
+    /// Notes that `path` was made anew as `ino`.
+    fn created(&self, path: &str, ino: u64) {
+        // A name the volume dropped (an evicting cache directory) made again.
+        if let Some(named) = self.named().get_mut(path) {
+            *named = ino;
+        }
+        self.forget_opened(path);
+    }
+
+    /// Remembers `path` as the file last opened for reading, `ino` (`opened_ino`).
+    fn note_opened(&self, path: &str, ino: u64) {
+        let mut opened = self.opened();
+        opened.0.clear();
+        opened.0.push_str(path);
+        opened.1 = ino;
+    }
+
     /// Forgets every path below the root (a rename or rmdir moved or removed some).
     fn forget_paths(&self) {
         self.dirs().clear();
@@ -438,11 +502,7 @@ impl AnvilVfs {
             .mknod(Caller::ROOT, parent, name.as_bytes(), mode & 0o7777, 0)
         {
             Ok(attr) => {
-                // A name the volume dropped (an evicting cache directory) made again.
-                if let Some(named) = self.named().get_mut(path) {
-                    *named = attr.ino;
-                }
-                self.forget_opened(path);
+                self.created(path, attr.ino);
                 return Ok(attr.ino);
             }
             Err(err) if err.errno() == libc::EEXIST => {}
@@ -552,11 +612,50 @@ impl Vfs for AnvilVfs {
     fn open_read(&self, path: &str) -> io::Result<Box<dyn VFile + '_>> {
         let ino = self.ino_of(path)?;
         let handle = self.handle(ino)?;
-        let mut opened = self.opened();
-        opened.0.clear();
-        opened.0.push_str(path);
-        opened.1 = ino;
+        self.note_opened(path, ino);
         Ok(handle)
+    }
+
+    fn write_file(
+        &self,
+        path: &str,
+        mode: u32,
+        data: &[u8],
+        near: Option<&str>,
+        chunk: usize,
+    ) -> io::Result<()> {
+        let (parent, name) = self.parent_of(path)?;
+        // A hint about a file that is gone (evicted) is no hint.
+        let near_ino = near.and_then(|near| self.named_ino(near).ok());
+        let created = self.fs.create_file(
+            Caller::ROOT,
+            parent,
+            name.as_bytes(),
+            mode & 0o7777,
+            data,
+            near_ino,
+        );
+        match created {
+            Ok(attr) => {
+                self.created(path, attr.ino);
+                Ok(())
+            }
+            // The name exists: replaced as open(O_TRUNC) and writes replace it.
+            Err(err) if err.errno() == libc::EEXIST => {
+                write_by_handle(self, path, mode, data, near, chunk)
+            }
+            Err(err) => Err(anvil_err(err)),
+        }
+    }
+
+    fn read_file(&self, path: &str, _buf: &mut [u8]) -> io::Result<u64> {
+        let (parent, name) = self.parent_of(path)?;
+        let (ino, data) = self
+            .fs
+            .read_whole(parent, name.as_bytes())
+            .map_err(anvil_err)?;
+        self.note_opened(path, ino);
+        Ok(data.len() as u64)
     }
 
     fn collocate(&self, path: &str, near: &str) -> io::Result<()> {

@@ -6,6 +6,7 @@
 use anvil::device::{Device, MemDevice};
 use anvil::format::record::rtype;
 use anvil::format::record::ROOT_OBJ;
+use anvil::fs::Caller;
 use anvil::{Filesystem, MountOptions};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -50,16 +51,35 @@ fn side_by_side(extents: &HashMap<u64, (u64, u64)>, inos: &[u64]) -> bool {
     placed.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
 }
 
+/// How `interleaved_pages` names each page's first file.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Hints {
+    None,
+    /// `set_locality` after the file is written.
+    Set,
+    /// With the file, in `create_file`.
+    AtCreate,
+}
+
 /// Two "pages" of 5,000-byte files created interleaved (as a proxy serving two clients
 /// does), with or without hints naming each page's first file; returns the inodes.
-fn interleaved_pages(fs: &Filesystem, hinted: bool) -> [Vec<u64>; 2] {
+fn interleaved_pages(fs: &Filesystem, hints: Hints) -> [Vec<u64>; 2] {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
     let mut pages: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
     for i in 0..12 {
         for (p, page) in pages.iter_mut().enumerate() {
             let bytes = random_bytes(&mut rng, 5000);
-            let ino = fs.write_file(&format!("/p{p}-{i:02}"), &bytes).unwrap();
-            if let (true, Some(first)) = (hinted, page.first()) {
+            let name = format!("p{p}-{i:02}");
+            let ino = match hints {
+                Hints::AtCreate => {
+                    let near = page.first().copied();
+                    fs.create_file(Caller::ROOT, ROOT_OBJ, name.as_bytes(), 0o644, &bytes, near)
+                        .unwrap()
+                        .ino
+                }
+                Hints::None | Hints::Set => fs.write_file(&format!("/{name}"), &bytes).unwrap(),
+            };
+            if let (Hints::Set, Some(first)) = (hints, page.first()) {
                 fs.set_locality(ino, *first);
             }
             page.push(ino);
@@ -71,15 +91,16 @@ fn interleaved_pages(fs: &Filesystem, hinted: bool) -> [Vec<u64>; 2] {
 
 #[test]
 fn locality_hints_put_a_page_together() {
-    for hinted in [true, false] {
+    for hints in [Hints::Set, Hints::AtCreate, Hints::None] {
         let device = Arc::new(MemDevice::new(0));
         Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
         let fs = Filesystem::open(device as Arc<dyn Device>, options(false)).unwrap();
-        let pages = interleaved_pages(&fs, hinted);
+        let pages = interleaved_pages(&fs, hints);
         let extents = extents(&fs);
         // 12 files of 5,000 bytes, 60,000 packed: one cluster per page when hinted.
         for page in &pages {
-            assert_eq!(side_by_side(&extents, page), hinted, "hinted: {hinted}");
+            let hinted = hints != Hints::None;
+            assert_eq!(side_by_side(&extents, page), hinted, "hints: {hints:?}");
         }
     }
 }
@@ -92,7 +113,7 @@ fn a_read_of_one_member_brings_its_set() {
     let device = Arc::new(MemDevice::new(0));
     Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
     let fs = Filesystem::open(device as Arc<dyn Device>, options(false)).unwrap();
-    let pages = interleaved_pages(&fs, true);
+    let pages = interleaved_pages(&fs, Hints::Set);
     let mut sets = HashMap::new();
     fs.volume()
         .scan(&mut |element| {
@@ -143,7 +164,7 @@ fn a_read_of_one_member_brings_its_set() {
         Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
         Filesystem::open(device as Arc<dyn Device>, options(false)).unwrap()
     };
-    interleaved_pages(&fs_plain, false);
+    interleaved_pages(&fs_plain, Hints::None);
     fs_plain
         .volume()
         .scan(&mut |element| {
@@ -163,7 +184,7 @@ fn a_set_cached_before_its_blocks_were_reused_serves_nothing_stale() {
     let device = Arc::new(MemDevice::new(0));
     Filesystem::mkfs(device.clone(), 64 << 20, "clusters").unwrap();
     let fs = Filesystem::open(device.clone() as Arc<dyn Device>, options(false)).unwrap();
-    interleaved_pages(&fs, true);
+    interleaved_pages(&fs, Hints::Set);
     let mut member = None;
     fs.volume()
         .scan(&mut |element| {

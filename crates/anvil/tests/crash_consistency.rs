@@ -331,6 +331,41 @@ fn fixed_workloads() -> Vec<(&'static str, Vec<Step>)> {
             steps
         }),
         (
+            // `create_file`: the entry, the inode and the data logged as one change (whole
+            // chunks written ahead of it and logged by address), with and without a
+            // locality hint, so a crash leaves each file whole or absent, never empty.
+            "whole_files_in_one_step",
+            {
+                let mut steps = vec![op(|fs| fs.mkdir_path("/h").map(|_| ()))];
+                for (i, len) in [5_000usize, 0, 200_000, 131_072, 700, 3_000]
+                    .iter()
+                    .enumerate()
+                {
+                    let data = pattern(*len, 60 + i as u8);
+                    steps.push(op(move |fs| {
+                        let dir = fs.resolve("/h")?;
+                        let near = fs.lookup(dir, b"f0").ok().map(|attr| attr.ino);
+                        let name = format!("f{i}");
+                        fs.create_file(Caller::ROOT, dir, name.as_bytes(), 0o644, &data, near)
+                            .map(|_| ())
+                    }));
+                    if i == 2 {
+                        steps.push(Step::Fsync);
+                    }
+                }
+                steps.push(Step::Sync);
+                steps.push(op(|fs| fs.remove_path("/h/f2")));
+                steps.push(op(|fs| {
+                    let dir = fs.resolve("/h")?;
+                    let data = pattern(70_000, 77);
+                    fs.create_file(Caller::ROOT, dir, b"f2", 0o600, &data, None)
+                        .map(|_| ())
+                }));
+                steps.push(Step::Fsync);
+                steps
+            },
+        ),
+        (
             // Small overwrites of committed chunks become patches: through the log, across
             // commits, widened within a group, then folded back into their chunk.
             "patches",

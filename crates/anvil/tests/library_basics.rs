@@ -489,3 +489,98 @@ fn creates_unlinks_and_whole_reads_reuse_what_their_walks_found() {
     assert_eq!(fs.at(now).unwrap().read_file("/d/new").unwrap(), b"again");
     assert_clean(&fs);
 }
+
+/// Hummingbird's whole-file calls: `create_file` makes a file with its data in one
+/// operation (one log record for the entry, the inode and the data, whole chunks written
+/// ahead and logged by address), and `read_whole` looks a name up and reads the file under
+/// one hold of the volume. Both give what `mknod`, `write`, `lookup` and `read` would, with
+/// history, a locality hint, and every refusal of the calls they replace.
+#[test]
+fn whole_files_are_created_and_read_in_one_step() {
+    let device = fresh(256 << 20);
+    let fs = Filesystem::open(device.clone(), options()).unwrap();
+    fs.mkdir_path("/d").unwrap();
+    let dir = fs.resolve("/d").unwrap();
+    let before = fs.sync().unwrap();
+    let data = |len: usize, seed: u32| -> Vec<u8> {
+        (0..len as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+            .collect()
+    };
+    // Small, empty, whole chunks with a shorter last one, whole chunks only.
+    let files = [
+        ("page", data(5_000, 1)),
+        ("empty", Vec::new()),
+        ("large", data(200_000, 2)),
+        ("even", data(131_072, 3)),
+    ];
+    let page = fs
+        .create_file(Caller::ROOT, dir, b"page", 0o640, &files[0].1, None)
+        .unwrap();
+    assert_eq!((page.size, page.mode & 0o7777), (5_000, 0o640));
+    assert_eq!(page.kind, anvil::FileKind::File);
+    for (name, bytes) in &files[1..] {
+        let attr = fs
+            .create_file(
+                Caller::ROOT,
+                dir,
+                name.as_bytes(),
+                0o600,
+                bytes,
+                Some(page.ino),
+            )
+            .unwrap();
+        assert_eq!(attr.size, bytes.len() as u64, "{name}");
+    }
+    // Readable before any commit, through either call.
+    for (name, bytes) in &files {
+        let (ino, got) = fs.read_whole(dir, name.as_bytes()).unwrap();
+        assert_eq!(&got, bytes, "{name}");
+        assert_eq!(fs.lookup(dir, name.as_bytes()).unwrap().ino, ino);
+        assert_eq!(&fs.read(ino, 0, 1 << 20).unwrap(), bytes, "{name}");
+    }
+    // The name exists: refused, the file unchanged.
+    let again = fs
+        .create_file(Caller::ROOT, dir, b"page", 0o600, b"other", None)
+        .unwrap_err();
+    assert_eq!(again.errno(), libc::EEXIST, "{again}");
+    let missing = fs.read_whole(dir, b"nothing").unwrap_err();
+    assert_eq!(missing.errno(), libc::ENOENT, "{missing}");
+    let is_dir = fs.read_whole(1, b"d").unwrap_err();
+    assert_eq!(is_dir.errno(), libc::EISDIR, "{is_dir}");
+    let not_dir = fs.read_whole(page.ino, b"x").unwrap_err();
+    assert_eq!(not_dir.errno(), libc::ENOTDIR, "{not_dir}");
+    let bad_name = fs
+        .create_file(Caller::ROOT, dir, b"a/b", 0o600, b"x", None)
+        .unwrap_err();
+    assert_eq!(bad_name.errno(), libc::EINVAL, "{bad_name}");
+
+    let created = fs.sync().unwrap();
+    assert_eq!(fs.read_whole(dir, b"page").unwrap().1, files[0].1);
+    // One hold and one walk fewer than a lookup and a read: the name's slots and the
+    // file's records, against those and the inode walked again.
+    fs.getattr(dir).unwrap();
+    let whole = lookups_of(&fs, || {
+        fs.read_whole(dir, b"large").unwrap();
+    });
+    let apart = lookups_of(&fs, || {
+        let ino = fs.lookup(dir, b"even").unwrap().ino;
+        fs.read(ino, 0, 1 << 20).unwrap();
+    });
+    assert!(
+        whole <= apart,
+        "read_whole {whole} node lookups, apart {apart}"
+    );
+    fs.close().unwrap();
+    drop(fs);
+
+    // After a reopen, and as of the commits before and after.
+    let fs = Filesystem::open(device, options()).unwrap();
+    for (name, bytes) in &files {
+        assert_eq!(&fs.read_whole(dir, name.as_bytes()).unwrap().1, bytes);
+        let path = format!("/d/{name}");
+        assert_eq!(&fs.at(created).unwrap().read_file(&path).unwrap(), bytes);
+        assert!(fs.at(before).unwrap().read_file(&path).is_err());
+    }
+    assert_clean(&fs);
+}

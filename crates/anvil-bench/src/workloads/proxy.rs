@@ -1073,27 +1073,15 @@ impl Content {
         Content(buf)
     }
 
-    /// Writes `size` bytes for file `filn`, `chunk` bytes per call.
-    fn write_file(
-        &self,
-        f: &mut dyn crate::vfs::VFile,
-        filn: u32,
-        size: usize,
-        chunk: usize,
-    ) -> std::io::Result<()> {
+    /// The `size` bytes of file `filn`: the buffer from an offset its number picks, over
+    /// again from that offset for a file longer than the rest of the buffer.
+    fn bytes(&self, filn: u32, size: usize) -> std::borrow::Cow<'_, [u8]> {
         let start = (filn as usize).wrapping_mul(2_654_435_761) % CONTENT_SKEW;
-        let mut pos = start;
-        let mut left = size;
-        while left > 0 {
-            let n = left.min(chunk).min(self.0.len() - pos);
-            f.write_all(&self.0[pos..pos + n])?;
-            left -= n;
-            pos += n;
-            if pos >= CONTENT_WINDOW {
-                pos = start;
-            }
+        let window = &self.0[start..];
+        match window.get(..size) {
+            Some(bytes) => std::borrow::Cow::Borrowed(bytes),
+            None => window.iter().copied().cycle().take(size).collect(),
         }
-        Ok(())
     }
 }
 
@@ -1163,18 +1151,7 @@ fn replay(
         if let Lookup::Disk { filn } = lookup {
             let path = squid_path(filn, p.l1, p.l2);
             let t0 = Instant::now();
-            let got = (|| -> std::io::Result<u64> {
-                let mut f = vfs.open_read(&path)?;
-                let mut total = 0u64;
-                loop {
-                    match f.read(&mut buf)? {
-                        0 => break,
-                        k => total += k as u64,
-                    }
-                }
-                drop(f);
-                Ok(total)
-            })();
+            let got = vfs.read_file(&path, &mut buf);
             match got {
                 Ok(len) if len == u64::from(req.size) => {
                     r.reads.add(t0);
@@ -1224,19 +1201,16 @@ fn replay(
                         }
                         let path = squid_path(adm.filn, p.l1, p.l2);
                         let page = client_page.get(req.client as usize).copied().flatten();
-                        let t0 = Instant::now();
-                        let created = match page {
-                            Some(page) if hints && !req.html => {
-                                vfs.create_near(&path, 0o600, &squid_path(page, p.l1, p.l2))
-                            }
-                            _ => vfs.create(&path, 0o600),
+                        let near = match page {
+                            Some(page) if hints && !req.html => Some(squid_path(page, p.l1, p.l2)),
+                            _ => None,
                         };
+                        let data = content.bytes(adm.filn, req.size as usize);
+                        let t0 = Instant::now();
+                        let res = vfs.write_file(&path, 0o600, &data, near.as_deref(), chunk);
                         if req.html {
                             remember_page(&mut client_page, req.client, Some(adm.filn));
                         }
-                        let res = created.and_then(|mut f| {
-                            content.write_file(f.as_mut(), adm.filn, req.size as usize, chunk)
-                        });
                         match res {
                             Ok(()) => {
                                 r.writes.add(t0);

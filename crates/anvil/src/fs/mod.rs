@@ -41,6 +41,8 @@ use std::time::Duration;
 
 /// Largest file size (the last chunk key must fit in u64 with room to spare).
 pub const FILE_BYTES_MAX: u64 = 1 << 60;
+/// Whole chunks `create_file` sends to the device in one request (1 MiB).
+const WRITE_AHEAD_CHUNKS: usize = 16;
 pub use crate::format::record::SYMLINK_BYTES_MAX;
 const LINKS_MAX: u32 = 65000;
 
@@ -94,6 +96,124 @@ fn load_inode(tx: &Tx<'_>, obj: u64) -> Step<Inode> {
         Some(bytes) => Ok(Inode::decode(&bytes)?),
         None => fail(libc::ENOENT),
     }
+}
+
+/// An object `create_in` makes: its name in `parent`, its mode (kind and permissions), its
+/// device number, and a symlink's target.
+struct New<'a> {
+    parent: u64,
+    name: &'a [u8],
+    mode: u32,
+    rdev: u64,
+    target: Option<&'a [u8]>,
+}
+
+/// Makes object `new` in this operation: its inode, a symlink's target, its entry in the
+/// parent, the parent's times and counts. `fill` runs before the inode is stored, with the
+/// new object's number and inode (a file created with its data writes it there).
+fn create_in(
+    tx: &mut Tx<'_>,
+    caller: Caller,
+    new: &New<'_>,
+    fill: &mut dyn FnMut(&mut Tx<'_>, u64, &mut Inode) -> Step<()>,
+) -> Step<Attr> {
+    let New {
+        parent,
+        name,
+        rdev,
+        target,
+        ..
+    } = *new;
+    check_name(name)?;
+    let parent_inode = dir_inode(tx, parent)?;
+    if parent_inode.nlink == 0 {
+        return fail(libc::ENOENT);
+    }
+    let slot = slot_for_new_entry(tx, parent, name)?;
+    let is_dir = new.mode & kind::MASK == kind::DIR;
+    let mut mode = new.mode;
+    let gid = if parent_inode.mode & libc::S_ISGID != 0 {
+        if is_dir {
+            mode |= libc::S_ISGID;
+        }
+        parent_inode.gid
+    } else {
+        caller.gid
+    };
+    let now = Timestamp::now();
+    let obj = tx.allocate_obj();
+    let mut inode = Inode {
+        mode,
+        uid: caller.uid,
+        gid,
+        nlink: if is_dir { 2 } else { 1 },
+        size: target.map_or(0, |t| t.len() as u64),
+        rdev,
+        flags: parent_inode.flags & inode_flags::INHERITED,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        btime: now,
+        parent_hint: parent,
+    };
+    fill(tx, obj, &mut inode)?;
+    store_inode(tx, obj, &inode)?;
+    if let Some(target) = target {
+        let lk = LogicalKey {
+            obj,
+            rtype: rtype::SYMLINK,
+            key: 0,
+        };
+        put(tx, lk, Some(Arc::new(target.to_vec())))?;
+    }
+    let entry = Dirent {
+        child: obj,
+        kind: mode & kind::MASK,
+        name: name.to_vec(),
+    };
+    // The slot is one the span of `slot_for_new_entry` found free.
+    put_found(
+        tx,
+        dirent_key(parent, slot),
+        Some(Arc::new(entry.encode())),
+        Found::Absent,
+    )?;
+    touch_dir(tx, parent, 1, if is_dir { 1 } else { 0 }, now)?;
+    Ok(Attr::from_inode(obj, &inode))
+}
+
+/// What a read finds under the volume's hold: the file's inode, and the chunks and patches
+/// of the range it reads, as (key, value, create_tid).
+struct ReadPlan {
+    inode: Inode,
+    chunks: Vec<(u64, Value, u64)>,
+    patches: Vec<(u64, Value, u64)>,
+}
+
+/// The records a read of up to `size` bytes of file `ino` at `offset` needs (none past the
+/// file's end). Fails with EISDIR for a directory.
+fn read_plan(tx: &Tx<'_>, ino: u64, offset: u64, size: u64) -> Step<ReadPlan> {
+    let inode = load_inode(tx, ino)?;
+    if inode.is_dir() {
+        return fail(libc::EISDIR);
+    }
+    if offset >= inode.size || size == 0 {
+        return Ok(ReadPlan {
+            inode,
+            chunks: Vec::new(),
+            patches: Vec::new(),
+        });
+    }
+    let end = inode.size.min(offset.saturating_add(size));
+    let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
+    let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
+    let to_end = end == inode.size;
+    let (chunks, patches) = chunk::data_and_patches(tx, ino, (lo, hi), to_end)?;
+    Ok(ReadPlan {
+        inode,
+        chunks,
+        patches,
+    })
 }
 
 /// Puts a record, honouring its object's settings: with no-history set, the replaced version
@@ -904,6 +1024,85 @@ impl Filesystem {
         self.create_object(caller, parent, name, mode, rdev, None)
     }
 
+    /// Hummingbird's `write_file`: creates regular file `name` in `parent` (permission bits
+    /// `mode`) holding `data`, in one operation. The entry, the inode and the data are
+    /// logged together, so a crash leaves either no file or all of it, and a small file
+    /// costs one hold of the volume and one log record where `mknod` and `write` take two.
+    /// `near` names a file the new one is stored with (`set_locality`). Fails with EEXIST
+    /// if the name exists.
+    pub fn create_file(
+        &self,
+        caller: Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        data: &[u8],
+        near: Option<u64>,
+    ) -> Result<Attr> {
+        let len = data.len() as u64;
+        if len > FILE_BYTES_MAX {
+            return posix(libc::EFBIG);
+        }
+        self.volume.throttle();
+        self.ensure_space(0, 4096)?;
+        if len > 0 {
+            // No file of its own yet: the directory stands for the writer (eviction, which
+            // spares the writer, takes only files).
+            self.ensure_space(parent, len)?;
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "64 KiB")]
+        let chunk_len = DATA_CHUNK_BYTES as usize;
+        let whole: Vec<&[u8]> = data.chunks_exact(chunk_len).collect();
+        // Whole chunks go to the device first, as `write` sends them, a megabyte at a time:
+        // only their addresses are logged. The bytes of a last, shorter chunk are copied
+        // before the volume is held.
+        let mut extents = Vec::with_capacity(whole.len());
+        if !whole.is_empty() {
+            let codec = self
+                .volume
+                .run(false, |tx| Ok(dir_inode(tx, parent)?.codec()))?;
+            for batch in whole.chunks(WRITE_AHEAD_CHUNKS) {
+                match self.volume.write_direct(batch, codec) {
+                    Ok(written) => extents.extend(written),
+                    Err(e) => {
+                        self.volume.release_direct(&extents);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let tail = data.chunks_exact(chunk_len).remainder();
+        let tail = (!tail.is_empty()).then(|| Arc::new(tail.to_vec()));
+        let new = New {
+            parent,
+            name,
+            mode: kind::FILE | (mode & 0o7777),
+            rdev: 0,
+            target: None,
+        };
+        let created = self.volume.run(true, |tx| {
+            let attr = create_in(tx, caller, &new, &mut |tx, obj, inode| {
+                let policy = chunk::Policy::of(inode);
+                for (index, extent) in (0u64..).zip(&extents) {
+                    tx.put_extent(chunk_key(obj, index), *extent, policy.nohistory)?;
+                }
+                if let Some(tail) = &tail {
+                    let lk = chunk_key(obj, extents.len() as u64);
+                    tx.put_with(lk, Some(tail.clone()), policy.nohistory, policy.codec)?;
+                }
+                inode.size = len;
+                Ok(())
+            })?;
+            if let Some(near) = near {
+                self.volume.set_locality(attr.ino, near);
+            }
+            Ok(attr)
+        });
+        let attr = created.inspect_err(|_| self.volume.release_direct(&extents))?;
+        self.note_evictable(&attr, parent, name);
+        Ok(attr)
+    }
+
     pub fn mkdir(&self, caller: Caller, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
         self.create_object(caller, parent, name, kind::DIR | (mode & 0o7777), 0, None)
     }
@@ -929,62 +1128,15 @@ impl Filesystem {
         target: Option<&[u8]>,
     ) -> Result<Attr> {
         self.ensure_space(0, 4096)?;
+        let new = New {
+            parent,
+            name,
+            mode,
+            rdev,
+            target,
+        };
         let attr = self.volume.run(true, |tx| {
-            check_name(name)?;
-            let parent_inode = dir_inode(tx, parent)?;
-            if parent_inode.nlink == 0 {
-                return fail(libc::ENOENT);
-            }
-            let slot = slot_for_new_entry(tx, parent, name)?;
-            let is_dir = mode & kind::MASK == kind::DIR;
-            let mut mode = mode;
-            let gid = if parent_inode.mode & libc::S_ISGID != 0 {
-                if is_dir {
-                    mode |= libc::S_ISGID;
-                }
-                parent_inode.gid
-            } else {
-                caller.gid
-            };
-            let now = Timestamp::now();
-            let obj = tx.allocate_obj();
-            let inode = Inode {
-                mode,
-                uid: caller.uid,
-                gid,
-                nlink: if is_dir { 2 } else { 1 },
-                size: target.map_or(0, |t| t.len() as u64),
-                rdev,
-                flags: parent_inode.flags & inode_flags::INHERITED,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                btime: now,
-                parent_hint: parent,
-            };
-            store_inode(tx, obj, &inode)?;
-            if let Some(target) = target {
-                let lk = LogicalKey {
-                    obj,
-                    rtype: rtype::SYMLINK,
-                    key: 0,
-                };
-                put(tx, lk, Some(Arc::new(target.to_vec())))?;
-            }
-            let entry = Dirent {
-                child: obj,
-                kind: mode & kind::MASK,
-                name: name.to_vec(),
-            };
-            // The slot is one the span of `slot_for_new_entry` found free.
-            put_found(
-                tx,
-                dirent_key(parent, slot),
-                Some(Arc::new(entry.encode())),
-                Found::Absent,
-            )?;
-            touch_dir(tx, parent, 1, if is_dir { 1 } else { 0 }, now)?;
-            Ok(Attr::from_inode(obj, &inode))
+            create_in(tx, caller, &new, &mut |_, _, _| Ok(()))
         })?;
         self.note_evictable(&attr, parent, name);
         Ok(attr)
@@ -1226,22 +1378,53 @@ impl Filesystem {
     /// Reads up to `size` bytes at `offset`. Holes read as zeros.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         self.touch_evictable(ino);
-        let (file_size, chunks, patches, root) = self.volume.run(false, |tx| {
-            let inode = load_inode(tx, ino)?;
-            if inode.is_dir() {
-                return fail(libc::EISDIR);
-            }
-            if offset >= inode.size || size == 0 {
-                return Ok((inode.size, Vec::new(), Vec::new(), tx.root()));
-            }
-            let end = inode.size.min(offset.saturating_add(size as u64));
-            let lo = (offset / DATA_CHUNK_BYTES + 1) * DATA_CHUNK_BYTES;
-            let hi = end.div_ceil(DATA_CHUNK_BYTES) * DATA_CHUNK_BYTES;
-            let to_end = end == inode.size;
-            let (chunks, patches) = chunk::data_and_patches(tx, ino, (lo, hi), to_end)?;
-            Ok((inode.size, chunks, patches, tx.root()))
+        let (plan, root) = self.volume.run(false, |tx| {
+            Ok((read_plan(tx, ino, offset, u64::from(size))?, tx.root()))
         })?;
-        let end = file_size.min(offset.saturating_add(size as u64));
+        self.read_planned(ino, offset, u64::from(size), plan, root)
+    }
+
+    /// Hummingbird's `read_file`: the whole contents of file `name` in directory `parent`,
+    /// with its inode number. The name is looked up and the file's records found under one
+    /// hold of the volume, where a lookup and a read take two (and a reader that reads to
+    /// its end, a third to find it). Files over 4 GiB fail with EFBIG: `read` takes them
+    /// in pieces.
+    pub fn read_whole(&self, parent: u64, name: &[u8]) -> Result<(u64, Vec<u8>)> {
+        let (attr, plan, root) = self.volume.run(false, |tx| {
+            dir_inode(tx, parent)?;
+            let Some((_, entry)) = find_entry(tx, parent, name)? else {
+                return fail(libc::ENOENT);
+            };
+            let plan = read_plan(tx, entry.child, 0, u64::MAX)?;
+            if plan.inode.size > u64::from(u32::MAX) {
+                return fail(libc::EFBIG);
+            }
+            let attr = Attr::from_inode(entry.child, &plan.inode);
+            Ok((attr, plan, tx.root()))
+        })?;
+        self.note_evictable(&attr, parent, name);
+        self.touch_evictable(attr.ino);
+        let data = self.read_planned(attr.ino, 0, attr.size, plan, root)?;
+        Ok((attr.ino, data))
+    }
+
+    /// The part of a read after the volume's hold: the extents `plan` found, read from the
+    /// cache or the device, patched and cut to `offset..offset + size`.
+    fn read_planned(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u64,
+        plan: ReadPlan,
+        root: Arc<crate::volume::RootRef>,
+    ) -> Result<Vec<u8>> {
+        let ReadPlan {
+            inode,
+            chunks,
+            patches,
+        } = plan;
+        let file_size = inode.size;
+        let end = file_size.min(offset.saturating_add(size));
         if offset >= end {
             return Ok(Vec::new());
         }
@@ -1344,7 +1527,8 @@ impl Filesystem {
         }
         #[expect(
             clippy::cast_possible_truncation,
-            reason = "end is at most offset + size, and size is a u32"
+            reason = "end - offset is at most a u32: `read` asks for a u32, and `read_file` \
+                      for a file of at most u32::MAX bytes"
         )]
         let mut out = vec![0u8; (end - offset) as usize];
         for (key, bytes) in chunk_bytes {
