@@ -134,9 +134,9 @@ fn op(f: impl Fn(&Filesystem) -> anvil::Result<()> + Send + Sync + 'static) -> S
     Step::Op(Box::new(f))
 }
 
-/// `Filesystem::write_file` as the two calls it makes (create or truncate, then write),
-/// one step each: every step is one change the engine logs on its own, so a crash may
-/// leave the state between them. POSIX refusals are tolerated in random workloads.
+/// A file written as a program writes it, two calls (create or truncate, then write), one
+/// step each: every step is one change the engine logs on its own, so a crash may leave the
+/// state between them. (`Filesystem::write_file` makes a new file in one step.) POSIX refusals are tolerated in random workloads.
 fn write_file(path: impl Into<String>, data: Vec<u8>, tolerant: bool) -> [Step; 2] {
     let path: Arc<str> = path.into().into();
     let keep = move |r: anvil::Result<()>| if tolerant { tolerate(r) } else { r };

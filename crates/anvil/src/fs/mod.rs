@@ -2047,10 +2047,16 @@ impl Filesystem {
         Ok((self.resolve(dir)?, name))
     }
 
-    /// Creates or replaces a regular file with `bytes`.
+    /// Creates or replaces a regular file with `bytes`. A new file is made with its bytes
+    /// in one operation (`create_file`); an existing one is cut to nothing and written.
     pub fn write_file(&self, path: &str, bytes: &[u8]) -> Result<u64> {
         let (parent, name) = self.split_parent(path)?;
         let ino = match self.lookup(parent, name.as_bytes()) {
+            Err(Error::Posix(libc::ENOENT)) => {
+                let new =
+                    self.create_file(Caller::ROOT, parent, name.as_bytes(), 0o644, bytes, None);
+                return Ok(new?.ino);
+            }
             Ok(attr) => {
                 self.setattr(
                     attr.ino,
@@ -2060,10 +2066,6 @@ impl Filesystem {
                     },
                 )?;
                 attr.ino
-            }
-            Err(Error::Posix(libc::ENOENT)) => {
-                self.mknod(Caller::ROOT, parent, name.as_bytes(), kind::FILE | 0o644, 0)?
-                    .ino
             }
             Err(e) => return Err(e),
         };
