@@ -1527,7 +1527,7 @@ impl Filesystem {
         }
         #[expect(
             clippy::cast_possible_truncation,
-            reason = "end - offset is at most a u32: `read` asks for a u32, and `read_file` \
+            reason = "end - offset is at most a u32: `read` asks for a u32, and `read_whole` \
                       for a file of at most u32::MAX bytes"
         )]
         let mut out = vec![0u8; (end - offset) as usize];
