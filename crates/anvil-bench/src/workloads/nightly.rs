@@ -1023,13 +1023,16 @@ fn make(dir: &Path, jobs: u32, target: Option<&str>) -> Result<u64> {
 
 fn check_binary(ws: &Path) -> Result<()> {
     let bin = ws.join("bin/nightly");
-    match fs::metadata(&bin) {
-        Ok(m) if m.is_file() && m.len() > 0 => Ok(()),
-        _ => fail(format!(
-            "nightly-build: the build did not produce {}",
-            bin.display()
-        )),
-    }
+    let found = match fs::metadata(&bin) {
+        Ok(m) if m.is_file() && m.len() > 0 => return Ok(()),
+        Ok(m) if m.is_file() => "an empty file".to_string(),
+        Ok(_) => "something that is not a file".to_string(),
+        Err(e) => e.to_string(),
+    };
+    fail(format!(
+        "nightly-build: the build did not produce {} ({found})",
+        bin.display()
+    ))
 }
 
 fn run(p: &Params, env: &RunEnv) -> Result<RunOutput> {
