@@ -116,6 +116,11 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary> {
             }
         }
     }
+    // Targets built here live in the work directory, one run at a time.
+    let _work_dir = match cfg.targets.iter().any(TargetSpec::needs_root) {
+        true => Some(target::lock_work_dir(&cfg.target.work_dir)?),
+        false => None,
+    };
     std::fs::create_dir_all(&cfg.out_dir).ctx(|| format!("mkdir {}", cfg.out_dir.display()))?;
     let group = match cfg.mem_limit {
         Some(limit) => Some(MemCgroup::join_new(limit)?),

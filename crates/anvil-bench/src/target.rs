@@ -70,6 +70,44 @@ impl TargetSpec {
     }
 }
 
+/// Holds `work_dir` for this run: its loop devices' backing files and mount points are
+/// named by target, so a second run there would unmount, delete and remake the first one's
+/// under it (its files vanish with ENOENT, a build finds its output gone). The lock is an
+/// exclusive `flock` on `work_dir/lock`, released when the returned file is dropped (or
+/// the process dies); a run that finds it held fails at once, naming the holder.
+pub fn lock_work_dir(work_dir: &Path) -> Result<fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    fs::create_dir_all(work_dir).ctx(|| format!("mkdir {}", work_dir.display()))?;
+    let path = work_dir.join("lock");
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .ctx(|| format!("open {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = match holder.trim() {
+            "" => String::new(),
+            pid => format!(" (pid {pid})"),
+        };
+        return fail(format!(
+            "another anvil bench run{holder} is using {}: wait for it, or give this one \
+             another --work-dir",
+            work_dir.display()
+        ));
+    }
+    file.set_len(0)
+        .ctx(|| format!("truncate {}", path.display()))?;
+    file.rewind().ctx(|| format!("rewind {}", path.display()))?;
+    writeln!(file, "{}", std::process::id()).ctx(|| format!("write {}", path.display()))?;
+    Ok(file)
+}
+
 /// Parses `--fs a,b,c` and `--dir PATH...` into targets, in that order.
 pub fn parse_targets(fs_list: Option<&str>, dirs: &[PathBuf]) -> Result<Vec<TargetSpec>> {
     let mut out = Vec::new();
@@ -1324,5 +1362,25 @@ mod tests {
         assert_eq!(slave_holds(master).unwrap(), None);
         assert!(slave_holds(r#"{"slave":true}"#).is_err());
         assert!(slave_holds("mirror-status: no such file").is_err());
+    }
+
+    /// A second run in a work directory fails at once, naming the first; it may start once
+    /// the first lets go.
+    #[test]
+    fn one_run_at_a_time_in_a_work_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        let first = lock_work_dir(&work).unwrap();
+        let pid = std::process::id().to_string();
+        assert_eq!(fs::read_to_string(work.join("lock")).unwrap().trim(), pid);
+        let second = lock_work_dir(&work).unwrap_err().to_string();
+        assert!(second.contains("another anvil bench run"), "{second}");
+        assert!(second.contains(&format!("(pid {pid})")), "{second}");
+        assert!(second.contains(&work.display().to_string()), "{second}");
+        // Another directory is free.
+        let other = lock_work_dir(&dir.path().join("other")).unwrap();
+        drop(first);
+        let again = lock_work_dir(&work).unwrap();
+        drop((again, other));
     }
 }
