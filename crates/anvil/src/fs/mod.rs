@@ -1052,7 +1052,9 @@ impl Filesystem {
         }
         #[expect(clippy::cast_possible_truncation, reason = "64 KiB")]
         let chunk_len = DATA_CHUNK_BYTES as usize;
-        let whole: Vec<&[u8]> = data.chunks_exact(chunk_len).collect();
+        let chunks = data.chunks_exact(chunk_len);
+        let tail = chunks.remainder();
+        let whole: Vec<&[u8]> = chunks.collect();
         // Whole chunks go to the device first, as `write` sends them, a megabyte at a time:
         // only their addresses are logged. The bytes of a last, shorter chunk are copied
         // before the volume is held.
@@ -1071,7 +1073,6 @@ impl Filesystem {
                 }
             }
         }
-        let tail = data.chunks_exact(chunk_len).remainder();
         let tail = (!tail.is_empty()).then(|| Arc::new(tail.to_vec()));
         let new = New {
             parent,
