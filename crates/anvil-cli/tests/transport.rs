@@ -112,16 +112,80 @@ fn uring_transport_round_trips() {
     if !common::fuse_or_skip("uring_transport_round_trips") {
         return;
     }
+    if !uring_or_skip("uring_transport_round_trips") {
+        return;
+    }
+    round_trips("uring");
+}
+
+/// Whether this kernel serves FUSE over io_uring; says so when a test skips for it.
+fn uring_or_skip(test: &str) -> bool {
     let enabled = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
         .is_ok_and(|v| v.trim() == "Y");
     if !enabled {
         eprintln!(
-            "SKIPPED: uring_transport_round_trips: this kernel does not offer FUSE over \
-             io_uring (/sys/module/fuse/parameters/enable_uring)"
+            "SKIPPED: {test}: this kernel does not offer FUSE over io_uring \
+             (/sys/module/fuse/parameters/enable_uring)"
         );
+    }
+    enabled
+}
+
+/// The resident anonymous memory of process `pid`, in bytes.
+fn anon_bytes(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("RssAnon:"))
+        .unwrap_or_else(|| panic!("no RssAnon in /proc/{pid}/status"));
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
+#[test]
+fn ring_buffers_hold_memory_only_once_used() {
+    if !common::fuse_or_skip("ring_buffers_hold_memory_only_once_used")
+        || !uring_or_skip("ring_buffers_hold_memory_only_once_used")
+    {
         return;
     }
-    round_trips("uring");
+    let _serial = serial();
+    // A budget that leaves max_write at 1 MiB: every queue's eight entries map 8 MiB of
+    // payload, which the daemon used to hold resident from the mount on.
+    let mount = common::Mount::with_options("256M", Some("transport=uring,cache=1G"));
+    let pid = common::daemon_pid(mount.image()).expect("the daemon's pid");
+    let at_mount = anon_bytes(pid);
+    assert!(
+        at_mount < 6 << 20,
+        "the daemon holds {at_mount} bytes right after mounting: its rings' payload pages \
+         are resident before any request used them"
+    );
+    // Requests as large as the buffers fault their pages in and come back whole.
+    let data = common::pattern(4 << 20, 11);
+    std::fs::write(mount.path().join("big"), &data).unwrap();
+    let out = Command::new(ANVIL)
+        .args(["drop-caches", mount.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let file = std::fs::File::open(mount.path().join("big")).unwrap();
+    // Drop the kernel's pages of this file so that the read below reaches the daemon.
+    // SAFETY: posix_fadvise on a descriptor this test owns.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    drop(file);
+    assert!(std::fs::read(mount.path().join("big")).unwrap() == data);
+    let s = stats(mount.path());
+    assert_eq!(s["transport"], "uring", "{s}");
+    assert!(count(&s, "WRITE") >= 4, "{s}");
+    assert!(count(&s, "READ") >= 1, "{s}");
+    mount.unmount();
 }
 
 #[test]

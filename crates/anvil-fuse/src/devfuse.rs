@@ -271,6 +271,7 @@ fn unpack(entry: &mut RingEntry, head: &[u8; HEAD_BYTES], n: usize) -> Option<u3
 fn serve<B: Backend>(fd: BorrowedFd<'_>, fs: &Uring<B>, max_write: u32) -> io::Result<()> {
     // Room for the 40 bytes a request of names may be moved up by (`unpack`).
     let mut entry = RingEntry::new(max_write as usize + 4096)?;
+    crate::release_payload_pages(&mut entry);
     let mut head = [0u8; HEAD_BYTES];
     let mut last_request = Instant::now();
     loop {

@@ -1033,6 +1033,34 @@ pub fn set_idle_policy(idle: bool) {
     }
 }
 
+/// Gives back the pages of a new ring entry's payload buffer, which `fractal-fuse` maps
+/// populated (`RingEntry::new`): they come back one by one as requests fill them. A small
+/// file's request touches a page or two of a 128 KiB-1 MiB buffer, so the rings, budgeted
+/// whole (`uring::ring_bytes`), hold only what the largest requests so far needed: under
+/// a proxy replay with `cache=64M`, 8 MiB populated against about 1 MiB used. The kernel
+/// copies requests into the buffers from the daemon's own context (io_uring task work, or
+/// read(2) on /dev/fuse) and pins nothing, so a missing page is an ordinary fault. Called
+/// before the entry is registered; a failure only leaves the pages resident.
+pub fn release_payload_pages(entry: &mut fractal_fuse::ring::RingEntry) {
+    let payload = entry.payload_mut();
+    // SAFETY: the range is the entry's own anonymous private mapping (page-aligned, its
+    // length rounded to pages by `RingEntry::new`); MADV_DONTNEED only drops its pages,
+    // which read back as zeros, and nothing refers to their contents yet.
+    let done = unsafe {
+        libc::madvise(
+            payload.as_mut_ptr().cast(),
+            payload.len(),
+            libc::MADV_DONTNEED,
+        )
+    };
+    if done != 0 {
+        log::debug!(
+            "ring buffer pages stay resident: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Raises the read-ahead window of the FUSE mount on `dir` (absolute, resolved before it
 /// was mounted) to `bytes`, where the kernel leaves it at its default of 128 KiB whatever
 /// FUSE_INIT offers (it takes the smaller of the two). With 128 KiB a cold sequential read

@@ -83,19 +83,20 @@ pub fn queue_count() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Bytes of ring buffers a mount with this queue depth and payload size pins (header page
-/// and payload per entry, every queue); counted against the daemon's memory budget.
+/// Bytes of ring buffers a mount with this queue depth and payload size may hold (header
+/// page and payload per entry, every queue); counted against the daemon's memory budget.
+/// Payload pages are resident only once a request has used them (`release_payload_pages`),
+/// but a run of large writes or reads uses them all.
 pub fn ring_bytes(queue_depth: u16, max_write: u32) -> u64 {
     let per_entry = 4096 + max_write as u64;
     per_entry * queue_depth as u64 * queue_count() as u64
 }
 
 /// The payload size for a daemon with `budget_bytes` of memory: `MAX_WRITE`, halved (down
-/// to `MAX_WRITE_MIN`) while the rings would take more than a quarter of the budget. Every
-/// entry's buffers are mapped populated (`fractal_fuse::ring::RingEntry::new`), so the rings
-/// are resident from the start: under a small memory limit 1 MiB buffers cost more than the
-/// cache they push out (16.5 MiB of rings against a 32 MiB budget, where a proxy replay
-/// under 256 MiB was killed for memory).
+/// to `MAX_WRITE_MIN`) while the rings would take more than a quarter of the budget: under
+/// a small memory limit, 1 MiB buffers that large requests fill cost more than the cache
+/// they push out (16.5 MiB of rings against a 32 MiB budget, where a proxy replay under
+/// 256 MiB was killed for memory).
 pub fn max_write_for(queue_depth: u16, budget_bytes: u64) -> u32 {
     let mut max_write = MAX_WRITE;
     while max_write > MAX_WRITE_MIN && ring_bytes(queue_depth, max_write) > budget_bytes / 4 {
@@ -421,6 +422,7 @@ fn run_queue<B: Backend>(
         let fs = Rc::new(fs);
         let mut tasks = FuturesUnordered::new();
         for mut entry in entries {
+            crate::release_payload_pages(&mut entry);
             let fs = fs.clone();
             tasks.push(compio_runtime::spawn(async move {
                 serve_entry(queue, &mut entry, &fs).await
