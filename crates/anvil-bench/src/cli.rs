@@ -105,7 +105,9 @@ pub struct RunArgs {
     /// The anvil binary for mkfs and mount (default: this program, or `anvil` next to it).
     #[arg(long)]
     pub anvil_bin: Option<PathBuf>,
-    /// anvil's cache budget (-o cache=), e.g. 256M.
+    /// anvil's cache budget (-o cache=), e.g. 256M. Under --mem-limit it defaults to a
+    /// quarter of the limit, or to less for an anvil mount's daemon where the workload keeps
+    /// much of the limit itself (proxy-cache's memory cache).
     #[arg(long, value_parser = parse_size)]
     pub anvil_cache: Option<u64>,
     /// Do not drop caches between phases.
@@ -256,6 +258,7 @@ fn run_cmd(args: &RunArgs) -> Result<()> {
             anvil_cache: args
                 .anvil_cache
                 .or_else(|| args.mem_limit.map(anvil_cache_for)),
+            anvil_cache_given: args.anvil_cache.is_some(),
             drop_caches,
         },
         runs: args.runs,
@@ -327,7 +330,8 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
 
 /// anvil's cache budget under a memory limit when `--anvil-cache` does not say: a quarter
 /// of the limit, between 16 MiB and the mount's default of 256 MiB (the limit also holds
-/// the workload, the kernel's page cache and, for anvil-lib, the process itself).
+/// the workload, the kernel's page cache and, for anvil-lib, the process itself). A
+/// workload may give a mount's daemon less (`Workload::anvil_daemon_cache`).
 fn anvil_cache_for(mem_limit: u64) -> u64 {
     (mem_limit / 4).clamp(16 << 20, 256 << 20)
 }

@@ -332,6 +332,23 @@ fn run_target(
     tr
 }
 
+/// How `spec` is built for workload `w`: the run's settings, with the workload's cache for
+/// anvil's FUSE daemon under the memory limit unless `--anvil-cache` named one.
+fn target_config(w: &dyn Workload, spec: &TargetSpec, cfg: &RunConfig) -> target::Config {
+    let daemon = matches!(
+        spec.kind,
+        Kind::Anvil | Kind::AnvilNoHistory | Kind::AnvilZstd | Kind::AnvilS3
+    );
+    let cache = match (daemon, cfg.target.anvil_cache_given, cfg.mem_limit) {
+        (true, false, Some(limit)) => w.anvil_daemon_cache(limit),
+        _ => None,
+    };
+    target::Config {
+        anvil_cache: cache.or(cfg.target.anvil_cache),
+        ..cfg.target.clone()
+    }
+}
+
 fn one_run(
     w: &dyn Workload,
     spec: &TargetSpec,
@@ -339,7 +356,7 @@ fn one_run(
     run: u32,
     step: &ProgressBar,
 ) -> Result<(RunOutput, crate::results::FsInfo)> {
-    let target = Target::setup(spec, &cfg.target, run)?;
+    let target = Target::setup(spec, &target_config(w, spec, cfg), run)?;
     let vfs = target.vfs()?;
     use crate::env::Probe;
     target.drop_caches()?;
@@ -395,5 +412,48 @@ pub fn print_tables(results: &BenchResults) {
         if let Some(e) = &t.error {
             println!("{}: FAILED: {e}", t.fs.label);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_sizes_the_daemons_cache_unless_told() {
+        let overrides = vec![("config".to_string(), "8g-256m".to_string())];
+        let w = crate::workloads::by_name("proxy-cache", Tier::Quick, &overrides).unwrap();
+        let targets = target::parse_targets(Some("anvil,anvil-lib,ext4"), &[]).unwrap();
+        let mut cfg = RunConfig {
+            workloads: vec!["proxy-cache".into()],
+            tier: Tier::Quick,
+            overrides,
+            targets: targets.clone(),
+            target: target::Config {
+                size_bytes: 3 << 30,
+                work_dir: PathBuf::from("/nonexistent"),
+                anvil_bin: PathBuf::from("anvil"),
+                anvil_cache: Some(64 << 20),
+                anvil_cache_given: false,
+                drop_caches: false,
+            },
+            runs: 1,
+            max_runs: 1,
+            rsd_threshold: 0.1,
+            mem_limit: Some(256 << 20),
+            baseline: None,
+            seed: 1,
+            out_dir: PathBuf::from("/nonexistent"),
+            charts: false,
+        };
+        let cache =
+            |cfg: &RunConfig, i: usize| target_config(w.as_ref(), &targets[i], cfg).anvil_cache;
+        // The mount's daemon gets the workload's share; the library keeps the default.
+        assert_eq!(cache(&cfg, 0), Some(48 << 20));
+        assert_eq!(cache(&cfg, 1), Some(64 << 20));
+        assert_eq!(cache(&cfg, 2), Some(64 << 20));
+        // `--anvil-cache` wins.
+        cfg.target.anvil_cache_given = true;
+        assert_eq!(cache(&cfg, 0), Some(64 << 20));
     }
 }

@@ -185,6 +185,9 @@ pub struct Config {
     pub anvil_bin: PathBuf,
     /// anvil's cache budget (`-o cache=`), if not the default.
     pub anvil_cache: Option<u64>,
+    /// Whether `anvil_cache` was given (`--anvil-cache`), rather than derived from the
+    /// memory limit; a derived one yields to the workload's `anvil_daemon_cache`.
+    pub anvil_cache_given: bool,
     /// Whether to drop caches (needs root).
     pub drop_caches: bool,
 }

@@ -61,6 +61,7 @@ fn every_target_kind_builds_measures_and_tears_down() {
         work_dir: work.path().to_path_buf(),
         anvil_bin: anvil_bin(),
         anvil_cache: Some(64 << 20),
+        anvil_cache_given: true,
         drop_caches: true,
     };
     let have = |cmd: &str| {

@@ -58,6 +58,12 @@ pub trait Workload: Send + Sync {
     fn min_fs_bytes(&self) -> Option<u64> {
         None
     }
+    /// The cache (`-o cache=`) for anvil's FUSE daemon under a memory limit of `mem_limit`
+    /// bytes, where the workload knows better than the bench's default of a quarter of the
+    /// limit (one that keeps much of the limit for itself). `--anvil-cache` overrides it.
+    fn anvil_daemon_cache(&self, _mem_limit: u64) -> Option<u64> {
+        None
+    }
     /// One run in an empty directory on a freshly made file system.
     fn run(&self, env: &RunEnv) -> Result<RunOutput>;
 }
