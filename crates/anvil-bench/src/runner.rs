@@ -339,8 +339,9 @@ fn target_config(w: &dyn Workload, spec: &TargetSpec, cfg: &RunConfig) -> target
         spec.kind,
         Kind::Anvil | Kind::AnvilNoHistory | Kind::AnvilZstd | Kind::AnvilS3
     );
-    let cache = match (daemon, cfg.target.anvil_cache_given, cfg.mem_limit) {
-        (true, false, Some(limit)) => w.anvil_daemon_cache(limit),
+    let given = cfg.target.anvil_cache_given;
+    let cache = match (daemon, given, cfg.mem_limit, cfg.target.anvil_cache) {
+        (true, false, Some(limit), Some(default)) => w.anvil_daemon_cache(limit, default),
         _ => None,
     };
     target::Config {

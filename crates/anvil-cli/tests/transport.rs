@@ -152,7 +152,7 @@ fn ring_buffers_hold_memory_only_once_used() {
     let _serial = serial();
     // A budget that leaves max_write at 1 MiB: every queue's eight entries map 8 MiB of
     // payload, which the daemon used to hold resident from the mount on.
-    let mount = common::Mount::with_options("256M", Some("transport=uring,cache=1G"));
+    let mount = common::Mount::with_options("256M", Some("transport=uring,nowriteback,cache=1G"));
     let pid = common::daemon_pid(mount.image()).expect("the daemon's pid");
     let at_mount = anon_bytes(pid);
     assert!(

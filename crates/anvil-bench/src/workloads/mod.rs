@@ -59,9 +59,10 @@ pub trait Workload: Send + Sync {
         None
     }
     /// The cache (`-o cache=`) for anvil's FUSE daemon under a memory limit of `mem_limit`
-    /// bytes, where the workload knows better than the bench's default of a quarter of the
-    /// limit (one that keeps much of the limit for itself). `--anvil-cache` overrides it.
-    fn anvil_daemon_cache(&self, _mem_limit: u64) -> Option<u64> {
+    /// bytes, where the workload knows better than the bench's default for that limit
+    /// (`default`, a quarter of it): one that keeps much of the limit for itself.
+    /// `--anvil-cache` overrides it.
+    fn anvil_daemon_cache(&self, _mem_limit: u64, _default: u64) -> Option<u64> {
         None
     }
     /// One run in an empty directory on a freshly made file system.

@@ -371,8 +371,8 @@ impl Workload for ProxyCache {
         Some(cache + dirs * 4096 + 16 * MIB)
     }
 
-    fn anvil_daemon_cache(&self, mem_limit: u64) -> Option<u64> {
-        Some(daemon_cache(&self.params, mem_limit))
+    fn anvil_daemon_cache(&self, mem_limit: u64, default: u64) -> Option<u64> {
+        Some(daemon_cache(&self.params, mem_limit, default))
     }
 
     fn run(&self, env: &RunEnv) -> Result<RunOutput> {
@@ -381,15 +381,16 @@ impl Workload for ProxyCache {
 }
 
 /// anvil's daemon cache under `mem_limit`: three eighths of what the proxy's own memory
-/// cache leaves, and no more than the bench's default (a quarter of the limit). The daemon
+/// cache leaves, at least 16 MiB and no more than the bench's `default` (a quarter of the
+/// limit, at most 256 MiB). The daemon
 /// holds about 1.35 times its cache (its crash log ring, the data waiting for a commit, the
 /// ring buffers), and the kernel's dentries, inodes and pages of the mount's files need
 /// the rest. Hummingbird's configurations give the proxy half the memory: at 8g-256m that is
 /// 48 MiB, where 64 MiB got the daemon killed by the OOM killer in 1-3 runs of 9 and ran no
 /// faster (docs/benchmarks.md, thirty-ninth session).
-fn daemon_cache(p: &Params, mem_limit: u64) -> u64 {
+fn daemon_cache(p: &Params, mem_limit: u64, default: u64) -> u64 {
     let left = mem_limit.saturating_sub(p.mem_cache_bytes);
-    (left / 8 * 3).min(mem_limit / 4)
+    (left / 8 * 3).max(16 * MIB).min(default)
 }
 
 // ---------------------------------------------------------------------------
@@ -2074,11 +2075,14 @@ mod config_tests {
     fn the_daemon_gets_what_the_proxy_leaves() {
         // Three eighths of the half the proxy leaves: 48 MiB of 256, 192 MiB of 1 GiB.
         let p = params(&[("config", "8g-256m")]).unwrap();
-        assert_eq!(daemon_cache(&p, 256 * MIB), 48 * MIB);
+        assert_eq!(daemon_cache(&p, 256 * MIB, 64 * MIB), 48 * MIB);
         let p = params(&[("config", "4g-1g")]).unwrap();
-        assert_eq!(daemon_cache(&p, 1024 * MIB), 192 * MIB);
-        // A proxy that keeps little memory leaves the bench's default, a quarter.
+        assert_eq!(daemon_cache(&p, 1024 * MIB, 256 * MIB), 192 * MIB);
+        // A proxy that keeps little memory leaves the bench's default; a tiny limit still
+        // gives the daemon what the bench's default would.
         let p = params(&[]).unwrap();
-        assert_eq!(daemon_cache(&p, 1024 * MIB), 256 * MIB);
+        assert_eq!(daemon_cache(&p, 1024 * MIB, 256 * MIB), 256 * MIB);
+        assert_eq!(daemon_cache(&p, 4096 * MIB, 256 * MIB), 256 * MIB);
+        assert_eq!(daemon_cache(&p, 32 * MIB, 16 * MIB), 16 * MIB);
     }
 }
