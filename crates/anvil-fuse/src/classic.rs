@@ -5,10 +5,10 @@ use crate::{Backend, EntryPlus, Op, Reply};
 use anvil::fs::{Caller, SetAttr, TimeSet};
 use anvil::{Attr, FileKind};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -549,18 +549,37 @@ impl<B: Backend> fuser::Filesystem for Classic<B> {
 
     fn create(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
-        // ENOSYS makes the kernel create with MKNOD and open without a request (it learns
-        // "no OPEN" from the OPEN that follows), so closing a new file sends no RELEASE.
         self.0.counters().count(Op::Create);
-        reply.error(Errno::ENOSYS);
+        let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
+        let result = self
+            .0
+            .mknod(caller(req), parent.0, name.as_bytes(), mode, 0);
+        match result {
+            Ok(attr) => {
+                #[expect(clippy::cast_sign_loss, reason = "open(2) flags, a bit set")]
+                let direct = crate::create_goes_direct(flags as u32, self.0.writeback());
+                let open = match direct {
+                    true => FopenFlags::FOPEN_DIRECT_IO,
+                    false => FopenFlags::empty(),
+                };
+                reply.created(
+                    &self.0.ttl(),
+                    &file_attr(&attr),
+                    Generation(0),
+                    FileHandle(0),
+                    open,
+                );
+            }
+            Err(e) => reply.error(Errno::from_i32(e)),
+        }
     }
 
     fn fallocate(

@@ -168,6 +168,17 @@ impl Notifier {
     }
 }
 
+/// Whether a file made by CREATE with open `flags` is answered FOPEN_DIRECT_IO. A
+/// descriptor only written through (O_WRONLY) goes direct: its writes skip the page cache,
+/// and with it the check for `security.capability` that a cached write makes once per
+/// inode (a GETXATTR round trip for every new file). Nothing can read or map through such a
+/// descriptor, so nothing is lost but the written pages, which a later open reads from the
+/// daemon. Under the writeback cache every file stays cached: buffering writes is that
+/// cache's point.
+pub(crate) fn create_goes_direct(flags: u32, writeback: bool) -> bool {
+    !writeback && flags & libc::O_ACCMODE.unsigned_abs() == libc::O_WRONLY.unsigned_abs()
+}
+
 /// One directory entry with its attributes, for READDIRPLUS.
 pub struct EntryPlus {
     pub entry: DirEntry,
@@ -201,7 +212,7 @@ pub trait Backend: Send + Sync + 'static {
     /// SETATTR; `uid` is the caller's (setuid/setgid clearing, KILLPRIV_V2).
     fn setattr(&self, uid: u32, ino: u64, changes: &SetAttr) -> Reply<Attr>;
     fn readlink(&self, ino: u64) -> Reply<Vec<u8>>;
-    /// MKNOD (and regular files, since CREATE answers ENOSYS): `mode` carries the type.
+    /// MKNOD, and CREATE's creation (regular files): `mode` carries the type.
     fn mknod(&self, caller: Caller, parent: u64, name: &[u8], mode: u32, rdev: u64) -> Reply<Attr>;
     fn mkdir(&self, caller: Caller, parent: u64, name: &[u8], mode: u32) -> Reply<Attr>;
     fn unlink(&self, parent: u64, name: &[u8]) -> Reply<()>;

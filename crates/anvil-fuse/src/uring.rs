@@ -1047,15 +1047,29 @@ impl<B: Backend> fractal_fuse::Filesystem for Uring<B> {
 
     async fn create(
         &self,
-        _req: Request,
-        _parent: InodeId,
-        _name: &OsStr,
-        _mode: u32,
-        _flags: u32,
+        req: Request,
+        parent: InodeId,
+        name: &OsStr,
+        mode: u32,
+        flags: u32,
     ) -> FsResult<ReplyCreate> {
-        // As on the classic transport: MKNOD, then no OPEN and no RELEASE.
+        // The kernel applied the umask already; `mode` carries S_IFREG.
         self.count(Op::Create);
-        Err(libc::ENOSYS)
+        let result = self
+            .0
+            .mknod(caller(&req), parent.0, name.as_bytes(), mode, 0);
+        let attr = self.created(&req, parent, name, result)?;
+        Ok(ReplyCreate {
+            ttl: self.0.ttl(),
+            attr: file_attr(&attr),
+            generation: 0,
+            fh: FileHandleId(0),
+            flags: if crate::create_goes_direct(flags, self.0.writeback()) {
+                FOPEN_DIRECT_IO
+            } else {
+                0
+            },
+        })
     }
 
     async fn fallocate(
