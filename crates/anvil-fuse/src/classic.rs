@@ -34,6 +34,12 @@ impl<B: Backend> Classic<B> {
     }
 }
 
+/// The mode of a new node: its type, and its permission bits without the caller's umask
+/// (which the kernel applied already without FUSE_DONT_MASK; again, it changes nothing).
+fn masked(mode: u32, umask: u32) -> u32 {
+    (mode & libc::S_IFMT) | (mode & 0o7777 & !umask)
+}
+
 fn empty(reply: ReplyEmpty, result: Reply<()>) {
     match result {
         Ok(()) => reply.ok(),
@@ -255,7 +261,7 @@ impl<B: Backend> fuser::Filesystem for Classic<B> {
         reply: ReplyEntry,
     ) {
         self.0.counters().count(Op::Mknod);
-        let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
+        let mode = masked(mode, umask);
         let result = self
             .0
             .mknod(caller(req), parent.0, name.as_bytes(), mode, rdev as u64);
@@ -558,7 +564,7 @@ impl<B: Backend> fuser::Filesystem for Classic<B> {
         reply: ReplyCreate,
     ) {
         self.0.counters().count(Op::Create);
-        let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
+        let mode = masked(mode, umask);
         let result = self
             .0
             .mknod(caller(req), parent.0, name.as_bytes(), mode, 0);
