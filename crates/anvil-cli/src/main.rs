@@ -788,6 +788,25 @@ fn info(target: &Path, json: bool) -> Result<u8, String> {
             engine("throttled_ms") + engine("log_wait_ms")
         );
     }
+    let cache = |name: &str| value["cache"][name].as_u64().unwrap_or(0);
+    let lookups = cache("node_hits") + cache("node_misses");
+    if lookups + cache("extent_hits") + cache("extent_misses") > 0 {
+        let rate = |hits: &str, misses: &str| {
+            100.0 * cache(hits) as f64 / (cache(hits) + cache(misses)).max(1) as f64
+        };
+        println!(
+            "cache:          {} of {} ({} for nodes); hits: nodes {:.1}% ({} misses), extents {:.1}% ({} misses), locality sets {:.1}% ({} misses)",
+            mib(cache("bytes")),
+            mib(cache("budget_bytes")),
+            mib(cache("node_bytes")),
+            rate("node_hits", "node_misses"),
+            cache("node_misses"),
+            rate("extent_hits", "extent_misses"),
+            cache("extent_misses"),
+            rate("set_hits", "set_misses"),
+            cache("set_misses"),
+        );
+    }
     if num("evicted_files") > 0 {
         println!(
             "evicted:        {} cache files ({}) since the volume was mounted",

@@ -817,7 +817,8 @@ fn detach_stdout() {
     }
 }
 
-/// `anvil stats DIR`: requests per opcode since mount (or the last `--reset`).
+/// `anvil stats DIR`: requests per opcode since mount (or the last `--reset`), and the
+/// daemon's mean time over each where the transport times them (io_uring, devfuse).
 pub fn stats(dir: &Path, json: bool, reset: bool) -> Result<(), String> {
     query_info(dir)?; // A clear error when DIR is not an anvil mount.
     let text = get_xattr(dir, anvil_fuse::REQUESTS_XATTR)?;
@@ -840,8 +841,17 @@ pub fn stats(dir: &Path, json: bool, reset: bool) -> Result<(), String> {
             .unwrap_or_default();
         rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let total: u64 = rows.iter().map(|r| r.1).sum();
+        // The daemon's mean time per request, where the transport timed it.
+        let served = &value["served_us"];
+        let timed = served.as_object().is_some_and(|m| !m.is_empty());
+        if timed {
+            println!("{:<12} {:>12} {:>14}", "request", "count", "daemon us");
+        }
         for (op, n) in &rows {
-            println!("{op:<12} {n:>12}");
+            match served[op.as_str()].as_f64() {
+                Some(us) => println!("{op:<12} {n:>12} {us:>14.1}"),
+                None => println!("{op:<12} {n:>12}"),
+            }
         }
         println!("{:<12} {total:>12}", "total");
     }

@@ -328,7 +328,7 @@ fn serve<B: Backend>(fd: BorrowedFd<'_>, fs: &Uring<B>, max_write: u32) -> io::R
         if opcode == FUSE_INTERRUPT {
             continue; // Requests are short and not interruptible; no reply.
         }
-        let (reply, panicked) = block_on(fractal_fuse::dispatch::dispatch(fs, &mut entry));
+        let (reply, panicked) = block_on(crate::uring::dispatch_timed(fs, &mut entry));
         if panicked.is_err() {
             log::error!("a request handler panicked; answered EIO");
         }

@@ -450,7 +450,7 @@ async fn serve_entry<B: Backend>(qid: u16, entry: &mut RingEntry, fs: &Uring<B>)
         return Ok(());
     }
     loop {
-        let (reply, panicked) = fractal_fuse::dispatch::dispatch(fs, entry).await;
+        let (reply, panicked) = dispatch_timed(fs, entry).await;
         if panicked.is_err() {
             log::error!("a request handler panicked; answered EIO");
         }
@@ -464,6 +464,19 @@ async fn serve_entry<B: Backend>(qid: u16, entry: &mut RingEntry, fs: &Uring<B>)
             return Ok(());
         }
     }
+}
+
+/// Answers the request in `entry` (the reply left in it; None for a FORGET), adding the
+/// time the daemon took to its opcode's counter (`anvil stats`).
+pub(crate) async fn dispatch_timed<B: Backend>(
+    fs: &Uring<B>,
+    entry: &mut RingEntry,
+) -> (Option<()>, std::thread::Result<()>) {
+    let opcode = entry.header().in_header().opcode;
+    let started = std::time::Instant::now();
+    let answered = fractal_fuse::dispatch::dispatch(fs, entry).await;
+    fs.0.counters().served(opcode, started.elapsed());
+    answered
 }
 
 /// Submits one FUSE io_uring command; false once the connection is gone (unmounted).

@@ -197,6 +197,26 @@ pub struct CacheStats {
     pub set_budget_bytes: u64,
 }
 
+impl CacheStats {
+    /// The counters by name, for `anvil info` (`VolumeInfo::cache`).
+    pub fn report(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("bytes", self.bytes),
+            ("budget_bytes", self.budget_bytes),
+            ("node_bytes", self.node_bytes),
+            ("node_budget_bytes", self.node_budget_bytes),
+            ("node_hits", self.node_hits),
+            ("node_misses", self.node_misses),
+            ("extent_hits", self.extent_hits),
+            ("extent_misses", self.extent_misses),
+            ("set_hits", self.set_hits),
+            ("set_misses", self.set_misses),
+            ("set_bytes", self.set_bytes),
+            ("set_budget_bytes", self.set_budget_bytes),
+        ]
+    }
+}
+
 pub struct BlockCache {
     nodes: Cache<u64, TidNode, Bytes, DefaultHashBuilder, Remember>,
     extents: Cache<ExtentRef, Arc<Vec<u8>>, Bytes, DefaultHashBuilder, Remember>,

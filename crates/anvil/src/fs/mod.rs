@@ -948,6 +948,7 @@ impl Filesystem {
             evicted_bytes: self.evicted.1.load(Ordering::Relaxed),
             device: self.volume.device().report(),
             engine: self.volume.report(),
+            cache: self.volume.cache_stats().report(),
         }
     }
 

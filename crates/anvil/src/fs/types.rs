@@ -232,6 +232,8 @@ pub struct VolumeInfo {
     pub device: Vec<(&'static str, u64)>,
     /// The engine's counters (`Volume::report`): commits and writers that waited for them.
     pub engine: Vec<(&'static str, u64)>,
+    /// The node and extent cache's size and hits (`CacheStats::report`).
+    pub cache: Vec<(&'static str, u64)>,
 }
 
 impl VolumeInfo {
@@ -244,7 +246,8 @@ impl VolumeInfo {
                 "\"data_bytes\":{},\"used_bytes\":{},\"free_bytes\":{},\"reserve_bytes\":{},",
                 "\"committed_tid\":{},\"commit_time_ns\":{},\"created_time_ns\":{},",
                 "\"objects_allocated\":{},\"objects\":{},\"pending_bytes\":{},\"cache_bytes\":{},",
-                "\"read_only\":{},\"evicted_files\":{},\"evicted_bytes\":{},\"device\":{{{}}},\"engine\":{{{}}}}}"
+                "\"read_only\":{},\"evicted_files\":{},\"evicted_bytes\":{},\"device\":{{{}}},\"engine\":{{{}}},",
+                "\"cache\":{{{}}}}}"
             ),
             escape(&self.label),
             self.volume_id,
@@ -265,6 +268,7 @@ impl VolumeInfo {
             self.evicted_bytes,
             counters_json(&self.device),
             counters_json(&self.engine),
+            counters_json(&self.cache),
         )
     }
 }
