@@ -17,12 +17,14 @@
 //! only after that (and at once on a machine with one CPU, where the holder cannot run while
 //! it spins). Other threads sleep at once: where a hundred of a program's threads call the
 //! library, the holder is as likely to be waiting for a CPU as running. See docs/design.md,
-//! "Locks that do not yield".
+//! "Locks that do not yield". The workers' waits are counted (`worker_lock_waits`, in
+//! `anvil info`'s engine counters): how much of a request's time other threads held it up.
 //!
 //! Poisoning is ignored, as `parking_lot` ignores it: a panic while holding a lock already
 //! fails the request that panicked, and the state it guards is checked by its users.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -64,6 +66,20 @@ fn spin<G>(mut attempt: impl FnMut() -> Option<G>) -> Option<G> {
     }
 }
 
+/// Locks that request workers (threads marked by `spin_when_contended`) found taken, and
+/// the nanoseconds they waited for them, in this process.
+static WORKER_WAITS: AtomicU64 = AtomicU64::new(0);
+static WORKER_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a request worker found a lock taken, and how long it waited in all:
+/// the part of a request's time spent behind other threads (`Volume::report`).
+pub fn worker_lock_waits() -> (u64, Duration) {
+    (
+        WORKER_WAITS.load(Ordering::Relaxed),
+        Duration::from_nanos(WORKER_WAIT_NS.load(Ordering::Relaxed)),
+    )
+}
+
 /// Guard of a [`Mutex`].
 pub type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
 
@@ -94,10 +110,18 @@ impl<T: ?Sized> Mutex<T> {
 
     #[cold]
     fn lock_contended(&self) -> MutexGuard<'_, T> {
-        match spin(|| self.try_lock()) {
+        let worker = SPINS.with(Cell::get);
+        let started = worker.then(Instant::now);
+        let guard = match spin(|| self.try_lock()) {
             Some(guard) => guard,
             None => self.0.lock().unwrap_or_else(PoisonError::into_inner),
+        };
+        if let Some(started) = started {
+            WORKER_WAITS.fetch_add(1, Ordering::Relaxed);
+            let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            WORKER_WAIT_NS.fetch_add(ns, Ordering::Relaxed);
         }
+        guard
     }
 
     /// The lock if it is free now.
@@ -149,14 +173,22 @@ mod tests {
             std::thread::spawn(move || {
                 let mut guard = lock.lock();
                 held_tx.send(()).expect("send");
-                std::thread::sleep(SPIN * 100);
+                std::thread::sleep(SPIN * 2000);
                 *guard = 1;
             })
         };
         held_rx.recv().expect("holder took the lock");
+        let (waits, waited) = worker_lock_waits();
         // Taken only once the holder let go, with its change.
         assert_eq!(*lock.lock(), 1);
         holder.join().expect("holder");
+        // The wait is counted for this marked thread (other tests may add their own).
+        let (waits_after, waited_after) = worker_lock_waits();
+        assert!(waits_after > waits);
+        assert!(
+            waited_after - waited >= SPIN,
+            "{waited:?} -> {waited_after:?}"
+        );
     }
 
     #[test]

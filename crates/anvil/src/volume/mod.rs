@@ -1145,6 +1145,7 @@ impl Volume {
         let c = &self.counters;
         let millis = |a: &(AtomicU64, AtomicU64)| a.1.load(Ordering::Relaxed) / 1_000_000;
         let mib = |a: &AtomicU64| a.load(Ordering::Relaxed) >> 20;
+        let (lock_waits, lock_waited) = crate::sync::worker_lock_waits();
         vec![
             ("commits", c.commits.0.load(Ordering::Relaxed)),
             ("commit_ms", millis(&c.commits)),
@@ -1176,6 +1177,12 @@ impl Volume {
             ("tree_walks", c.walks.0.load(Ordering::Relaxed)),
             ("memo_answers", c.walks.1.load(Ordering::Relaxed)),
             ("log_written_mib", mib(&c.written.log)),
+            // Process-wide: every volume of the process reports the same two.
+            ("worker_lock_waits", lock_waits),
+            (
+                "worker_lock_wait_ms",
+                u64::try_from(lock_waited.as_millis()).unwrap_or(u64::MAX),
+            ),
         ]
     }
 
