@@ -437,8 +437,9 @@ impl AnvilFuse {
             *count == 1
         };
         if first && !is_view(ino) {
-            // Pins the object: unlink keeps it as an orphan while the kernel knows it.
-            let _ = self.fs.open_handle(ino);
+            // Pins the object: unlink keeps it as an orphan while the kernel knows it. Every
+            // caller has just looked the object up or made it.
+            self.fs.hold(ino);
         }
     }
 

@@ -537,8 +537,9 @@ fn bytes_written_are_counted_by_what_they_hold() {
 }
 
 /// Questions about the committed tree are counted: a lookup under a new root walks the tree
-/// (the directory's inode, the name's slots, the file's inode), and the same lookup again
-/// finds the inodes in the live memo; only the slots are walked again.
+/// (the name's slots, the file's inode; a name that is there needs no look at the
+/// directory's inode), and the same lookup again finds the inode in the live memo; only the
+/// slots are walked again.
 #[test]
 fn walks_of_the_tree_are_counted() {
     let device = Arc::new(MemDevice::new(0));
@@ -556,10 +557,10 @@ fn walks_of_the_tree_are_counted() {
     let first = counts();
     assert_eq!(fs.lookup(ROOT_OBJ, b"f").unwrap().ino, ino);
     let second = counts();
-    assert!(first.0 - before.0 >= 3, "{before:?} {first:?}");
+    assert!(first.0 - before.0 >= 2, "{before:?} {first:?}");
     assert_eq!(first.1, before.1, "{before:?} {first:?}");
     assert_eq!(second.0 - first.0, 1, "{first:?} {second:?}");
-    assert!(second.1 - first.1 >= 2, "{first:?} {second:?}");
+    assert!(second.1 - first.1 >= 1, "{first:?} {second:?}");
 }
 
 /// The engine's counter `name` (`Volume::report`).

@@ -992,15 +992,18 @@ impl Filesystem {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let attr = self.volume.run(false, |tx| {
-            dir_inode(tx, parent)?;
-            match find_entry(tx, parent, name)? {
+        let attr = self
+            .volume
+            .run(false, |tx| match find_entry(tx, parent, name)? {
+                // Only a directory has entries: no need to read it to know.
                 Some((_, entry)) => {
                     Ok(Attr::from_inode(entry.child, &load_inode(tx, entry.child)?))
                 }
-                None => fail(libc::ENOENT),
-            }
-        })?;
+                None => {
+                    dir_inode(tx, parent)?; // ENOENT or ENOTDIR, as the parent says.
+                    fail(libc::ENOENT)
+                }
+            })?;
         self.note_evictable(&attr, parent, name);
         Ok(attr)
     }
@@ -1897,8 +1900,15 @@ impl Filesystem {
     /// Registers an open handle; an unlinked object lives until its last handle closes.
     pub fn open_handle(&self, ino: u64) -> Result<Attr> {
         let attr = self.getattr(ino)?;
-        *self.open_handles.lock().entry(ino).or_insert(0) += 1;
+        self.hold(ino);
         Ok(attr)
+    }
+
+    /// Registers a handle on an object the caller has just found or made, without reading
+    /// it again (`open_handle` does): a mount pins every object the kernel learns of, at each
+    /// positive LOOKUP and create, where the inode was read a moment before.
+    pub fn hold(&self, ino: u64) {
+        *self.open_handles.lock().entry(ino).or_insert(0) += 1;
     }
 
     pub fn release_handle(&self, ino: u64) -> Result<()> {
