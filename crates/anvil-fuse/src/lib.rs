@@ -40,7 +40,6 @@ use anvil::sync::Mutex;
 use anvil::{Attr, DirEntry, Error, FileKind, Filesystem};
 use control::Control;
 pub use counters::{Counters, Op};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use views::{is_view, Target, Views, AS_OF_SEPARATOR, SNAPDIR_INO};
@@ -258,7 +257,7 @@ pub struct AnvilFuse {
     /// Kernel lookup counts. The kernel keeps a reference for every open file, so an object
     /// unlinked while known to the kernel lives (as an orphan) until its count drops to 0.
     /// This replaces OPEN/RELEASE tracking, which the kernel skips (FUSE_NO_OPEN_SUPPORT).
-    lookups: Arc<Mutex<HashMap<u64, u64>>>,
+    lookups: Arc<Mutex<foldhash::HashMap<u64, u64>>>,
     views: Views,
     last_prune: Mutex<Option<anvil::fs::PruneReport>>,
     /// Last reblock run and its progress (done, total bytes).
@@ -359,7 +358,7 @@ impl AnvilFuse {
             ttl,
             negative_ttl: ttl,
             writeback,
-            lookups: Arc::new(Mutex::new(HashMap::new())),
+            lookups: Arc::new(Mutex::new(foldhash::HashMap::default())),
             views: Views::default(),
             last_prune: Mutex::new(None),
             last_reblock: Mutex::new(None),

@@ -7,7 +7,6 @@ use crate::{AnvilFuse, Notifier};
 use anvil::fs::MirrorReport;
 use anvil::sync::Mutex;
 use anvil::Filesystem;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
@@ -70,7 +69,7 @@ struct JobStatus {
 struct Worker {
     fs: Arc<Filesystem>,
     jobs: Arc<MirrorJobs>,
-    lookups: Arc<Mutex<HashMap<u64, u64>>>,
+    lookups: Arc<Mutex<foldhash::HashMap<u64, u64>>>,
     notifier: Arc<OnceLock<Notifier>>,
 }
 
@@ -216,7 +215,7 @@ impl AnvilFuse {
 /// After a mirrored commit changed the tree under the kernel: drop what the kernel caches
 /// of every object it knows (entries expire within the slave's short TTL).
 pub(crate) fn forget_cached_tree(
-    lookups: &Mutex<HashMap<u64, u64>>,
+    lookups: &Mutex<foldhash::HashMap<u64, u64>>,
     notifier: &OnceLock<Notifier>,
 ) {
     let Some(notifier) = notifier.get() else {

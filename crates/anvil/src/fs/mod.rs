@@ -33,7 +33,6 @@ use crate::format::record::{
 use crate::format::{record::hash_slot_base, BLOCK_BYTES};
 use crate::sync::Mutex;
 use crate::volume::{Found, Tx, Value, Volume, VolumeOptions};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -50,7 +49,7 @@ pub struct Filesystem {
     volume: Arc<Volume>,
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Open handles per object: unlinked objects live until the last one closes.
-    open_handles: Mutex<HashMap<u64, u32>>,
+    open_handles: Mutex<foldhash::HashMap<u64, u32>>,
     /// Objects that may have lost their last link while open (every orphan is here, and a
     /// few that kept a link): only their last handle's release looks at the tree.
     maybe_orphans: Mutex<std::collections::HashSet<u64>>,
@@ -811,7 +810,7 @@ impl Filesystem {
             prefetch: prefetch::Prefetcher::start(volume.clone(), options.background_thread_start),
             volume,
             committer: Mutex::new(None),
-            open_handles: Mutex::new(HashMap::new()),
+            open_handles: Mutex::new(foldhash::HashMap::default()),
             maybe_orphans: Mutex::default(),
             prune_lock: Mutex::new(()),
             evicting: std::sync::atomic::AtomicBool::new(false),
