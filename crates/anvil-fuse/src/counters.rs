@@ -76,9 +76,14 @@ impl Counters {
         self.counts[op as usize].load(Ordering::Relaxed)
     }
 
-    /// Adds one request of kernel opcode `opcode` that the daemon took `took` to answer.
+    /// Adds one request of kernel opcode `opcode` that the daemon took `took` to answer. A
+    /// request counted before a `reset` (the reset's own, for one) is not timed after it.
     pub fn served(&self, opcode: u32, took: std::time::Duration) {
-        let (count, nanos) = &self.served[Op::from_opcode(opcode) as usize];
+        let op = Op::from_opcode(opcode);
+        if self.get(op) == 0 {
+            return;
+        }
+        let (count, nanos) = &self.served[op as usize];
         count.fetch_add(1, Ordering::Relaxed);
         let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         nanos.fetch_add(took, Ordering::Relaxed);
@@ -147,14 +152,19 @@ mod tests {
         assert_eq!(v["requests"]["WRITE"], 1);
         assert!(v["requests"].get("READ").is_none());
         assert!(v["served_us"].as_object().unwrap().is_empty());
+        c.count(Op::Rename);
+        c.count(Op::Other);
         c.served(1, std::time::Duration::from_micros(3));
         c.served(1, std::time::Duration::from_micros(5));
         c.served(45, std::time::Duration::from_micros(7));
         c.served(9999, std::time::Duration::from_micros(1));
+        // Never counted (or counted before a reset): not timed.
+        c.served(21, std::time::Duration::from_micros(2));
         let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
         assert_eq!(v["served_us"]["LOOKUP"], 4.0);
         assert_eq!(v["served_us"]["RENAME"], 7.0);
         assert_eq!(v["served_us"]["OTHER"], 1.0);
+        assert!(v["served_us"].get("SETXATTR").is_none());
         c.reset();
         assert_eq!(c.get(Op::Lookup), 0);
         assert_eq!(c.mean_served(Op::Lookup), None);

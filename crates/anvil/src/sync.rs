@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 thread_local! {
     /// Whether this thread spins before it sleeps on a contended lock.
     static SPINS: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread is a request worker (marked by `spin_when_contended`, whether or
+    /// not it spins): its waits are counted.
+    static WORKER: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Makes the calling thread try a contended lock again for up to `SPIN` before it sleeps
@@ -40,6 +43,7 @@ thread_local! {
 pub fn spin_when_contended(spins: bool) {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     SPINS.with(|cell| cell.set(spins && cpus >= 2));
+    WORKER.with(|cell| cell.set(spins));
 }
 
 /// How long a contended `lock` keeps trying before it sleeps: a few times the state lock's
@@ -110,8 +114,7 @@ impl<T: ?Sized> Mutex<T> {
 
     #[cold]
     fn lock_contended(&self) -> MutexGuard<'_, T> {
-        let worker = SPINS.with(Cell::get);
-        let started = worker.then(Instant::now);
+        let started = WORKER.with(Cell::get).then(Instant::now);
         let guard = match spin(|| self.try_lock()) {
             Some(guard) => guard,
             None => self.0.lock().unwrap_or_else(PoisonError::into_inner),
