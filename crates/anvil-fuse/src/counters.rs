@@ -46,6 +46,11 @@ opcodes! {
     Readdirplus => "READDIRPLUS" | 44, Fallocate => "FALLOCATE" | 43, Other => "OTHER" | 0,
 }
 
+/// Requests of an opcode timed each, before `Counters::times` samples them.
+const TIMED_ALWAYS: u64 = 256;
+/// After those, one request in this many of the opcode is timed.
+const TIMED_EVERY: u64 = 16;
+
 /// One counter per opcode, updated with relaxed atomics (no lock on the request path).
 pub struct Counters {
     counts: Vec<AtomicU64>,
@@ -74,6 +79,15 @@ impl Counters {
 
     pub fn get(&self, op: Op) -> u64 {
         self.counts[op as usize].load(Ordering::Relaxed)
+    }
+
+    /// Whether to time a request of kernel opcode `opcode`: each of an opcode's first
+    /// `TIMED_ALWAYS`, then one in `TIMED_EVERY`. Two clock reads and two more counters
+    /// shared by the workers, for every request, cost a `make -j4` through the mount about
+    /// 2% (nightly-build, benchmarks.md, forty-first session).
+    pub fn times(&self, opcode: u32) -> bool {
+        let n = self.get(Op::from_opcode(opcode));
+        n < TIMED_ALWAYS || n % TIMED_EVERY == 0
     }
 
     /// Adds one request of kernel opcode `opcode` that the daemon took `took` to answer. A
@@ -168,6 +182,18 @@ mod tests {
         c.reset();
         assert_eq!(c.get(Op::Lookup), 0);
         assert_eq!(c.mean_served(Op::Lookup), None);
+        // The first requests of an opcode are all timed, then one in TIMED_EVERY.
+        assert!(c.times(1));
+        for _ in 0..TIMED_ALWAYS {
+            c.count(Op::Lookup);
+        }
+        let timed = (0..TIMED_EVERY * 4)
+            .filter(|_| {
+                c.count(Op::Lookup);
+                c.times(1)
+            })
+            .count();
+        assert_eq!(timed, 4);
     }
 
     #[test]

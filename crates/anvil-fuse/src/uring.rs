@@ -467,15 +467,18 @@ async fn serve_entry<B: Backend>(qid: u16, entry: &mut RingEntry, fs: &Uring<B>)
 }
 
 /// Answers the request in `entry` (the reply left in it; None for a FORGET), adding the
-/// time the daemon took to its opcode's counter (`anvil stats`).
+/// time the daemon took to its opcode's counter when it samples this one (`anvil stats`).
 pub(crate) async fn dispatch_timed<B: Backend>(
     fs: &Uring<B>,
     entry: &mut RingEntry,
 ) -> (Option<()>, std::thread::Result<()>) {
     let opcode = entry.header().in_header().opcode;
-    let started = std::time::Instant::now();
+    let counters = fs.0.counters();
+    let started = counters.times(opcode).then(std::time::Instant::now);
     let answered = fractal_fuse::dispatch::dispatch(fs, entry).await;
-    fs.0.counters().served(opcode, started.elapsed());
+    if let Some(started) = started {
+        counters.served(opcode, started.elapsed());
+    }
     answered
 }
 
